@@ -1,0 +1,42 @@
+# Thin wrapper over CMake. `make` builds, `make test` builds and runs every
+# test, `make run` starts lnormd in the foreground. Each installs missing
+# Debian packages first (scripts/bootstrap).
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+LNORMD_FLAGS ?=
+
+.PHONY: all bootstrap configure build test run test-asan clean device-build gpu-test
+
+all: build
+
+bootstrap:
+	@bash scripts/bootstrap
+
+$(BUILD)/CMakeCache.txt: | bootstrap
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+configure: bootstrap
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+
+run: build
+	$(BUILD)/server/lnormd $(LNORMD_FLAGS)
+
+# The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (no CUDA).
+test-asan:
+	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DLNORM_SANITIZE=ON -DLNORM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug"
+
+# Static sm_90 build to carry to the GPU machine (see docs/gpu.md).
+device-build: bootstrap
+	cmake -S . -B build-sm90 -DLNORM_WITH_CUDA=ON -DLNORM_STATIC_DEPS=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
+	cmake --build build-sm90 -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,118 @@
+/*
+ * The normalization core: the one description of work that every backend
+ * (CPU, CUDA) executes. Internal to lnormd and its tests; not installed.
+ *
+ * A batch is a list of segments. A segment is one request's tensor (or a
+ * part of it): rows x hidden elements with its own pointers, strides,
+ * dtypes, op, eps and options. Backends run a whole batch at once: the CPU
+ * backend over a worker pool, the CUDA backend in one launch from the same
+ * table (with device pointers).
+ *
+ * Numerics (every backend, to the letter; see docs/ARCHITECTURE.md):
+ *  - x (and residual) are loaded and converted to fp32 at once; all
+ *    statistics in fp32.
+ *  - With a residual: h = round_to_x_dtype(float(x) + float(residual)) is
+ *    written to residual_out and h is what gets normalized (exactly what an
+ *    unfused `h = x + r; y = norm(h)` computes in PyTorch).
+ *  - LayerNorm: mean = sum(h) / H; var = sum((h - mean)^2) / H (centred);
+ *    RMSNorm: no mean at all, ms = sum(h^2) / H.
+ *  - rstd = 1 / sqrt(var + eps) (LNORM_EPS_INSIDE) or 1 / (sqrt(var) + eps).
+ *  - y = (h - mean) * rstd * gamma[c] + beta[c]; gamma/beta are 1-D,
+ *    indexed by column only; absent gamma = 1, absent beta = 0.
+ *  - mean and rstd go to separate fp32 buffers (RMSNorm writes no mean).
+ */
+#ifndef LNORM_CORE_H
+#define LNORM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lnorm/errors.h"
+#include "lnorm/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Hard upper bound on hidden accepted by the core (2^24 elements). */
+#define LNORM_CORE_MAX_HIDDEN (1u << 24)
+
+/* One request's tensor, or a slice of one. Strides are in elements and are
+ * the distance between the first elements of consecutive rows; they must be
+ * >= hidden. All pointers refer to memory of the backend that runs it. */
+typedef struct lnorm_segment {
+    int32_t op;          /* lnorm_op */
+    int32_t x_dtype;     /* lnorm_dtype of x, residual and residual_out */
+    int32_t y_dtype;     /* lnorm_dtype of y (never NONE here) */
+    int32_t param_dtype; /* lnorm_dtype of gamma/beta: F32 or x_dtype */
+    int32_t eps_mode;    /* lnorm_eps_mode */
+    float eps;           /* > 0 and finite */
+    int64_t rows;        /* >= 1 */
+    int64_t hidden;      /* >= 1 */
+    int64_t x_stride;
+    int64_t y_stride;
+    int64_t res_stride;     /* stride of residual */
+    int64_t res_out_stride; /* stride of residual_out */
+    const void *x;
+    void *y;
+    const void *residual; /* optional; then residual_out is required */
+    void *residual_out;
+    const void *gamma;    /* optional, hidden elements of param_dtype */
+    const void *beta;     /* optional, hidden elements of param_dtype */
+    float *mean;          /* optional, rows floats; must be NULL for RMSNorm */
+    float *rstd;          /* optional, rows floats */
+} lnorm_segment;
+
+/* A batch: segments run together. */
+typedef struct lnorm_batch {
+    const lnorm_segment *segs;
+    size_t nsegs;
+} lnorm_batch;
+
+/* Fill a segment with defaults for a contiguous rows x hidden tensor:
+ * op, dtypes (y and params = x), eps = LNORM_DEFAULT_EPS, strides = hidden,
+ * every pointer NULL. */
+void lnorm_segment_init(lnorm_segment *s, lnorm_op op, lnorm_dtype x_dtype,
+                        int64_t rows, int64_t hidden);
+
+/* Check a segment's description (not the memory behind it). Returns
+ * LNORM_OK or LNORM_EINVAL; on error, if why is not NULL, *why is set to a
+ * static message naming the offending field. */
+int lnorm_segment_validate(const lnorm_segment *s, const char **why);
+
+/* ---- CPU backend ------------------------------------------------------- */
+
+/* An opaque CPU backend: a worker pool plus the vector-ISA choice. */
+typedef struct lnorm_cpu lnorm_cpu;
+
+/* Create a CPU backend with nthreads workers (0: the number of online
+ * cores). Returns LNORM_OK and sets *out, or an error code. */
+int lnorm_cpu_create(lnorm_cpu **out, int nthreads);
+
+/* Destroy a CPU backend created by lnorm_cpu_create (NULL is a no-op). */
+void lnorm_cpu_destroy(lnorm_cpu *cpu);
+
+/* The number of worker threads of a CPU backend. */
+int lnorm_cpu_threads(const lnorm_cpu *cpu);
+
+/* The name of the vector code path in use ("avx512", "avx2", "scalar"). */
+const char *lnorm_cpu_isa(const lnorm_cpu *cpu);
+
+/* Run a batch on the CPU, splitting rows over the workers when the batch is
+ * large enough. Validates every segment first and runs nothing if any is
+ * invalid (LNORM_EINVAL, *why set as in lnorm_segment_validate). Safe to
+ * call from several threads at once on one backend. */
+int lnorm_cpu_run(lnorm_cpu *cpu, const lnorm_batch *b, const char **why);
+
+/* Run one segment on the calling thread, with no pool (cpu may be NULL:
+ * then the best ISA of this machine is used). */
+int lnorm_cpu_run_segment(const lnorm_cpu *cpu, const lnorm_segment *s, const char **why);
+
+/* Force the ISA ("avx512", "avx2", "scalar") for tests and benchmarks;
+ * LNORM_ENOTSUP if this machine lacks it. */
+int lnorm_cpu_set_isa(lnorm_cpu *cpu, const char *isa);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LNORM_CORE_H */

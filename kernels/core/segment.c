@@ -1,0 +1,72 @@
+/* Segment defaults and validation, shared by every backend. */
+#include <math.h>
+#include <string.h>
+
+#include "lnorm_core.h"
+
+void lnorm_segment_init(lnorm_segment *s, lnorm_op op, lnorm_dtype x_dtype,
+                        int64_t rows, int64_t hidden)
+{
+    memset(s, 0, sizeof *s);
+    s->op = op;
+    s->x_dtype = x_dtype;
+    s->y_dtype = x_dtype;
+    s->param_dtype = x_dtype;
+    s->eps_mode = LNORM_EPS_INSIDE;
+    s->eps = LNORM_DEFAULT_EPS;
+    s->rows = rows;
+    s->hidden = hidden;
+    s->x_stride = s->y_stride = s->res_stride = s->res_out_stride = hidden;
+}
+
+#define LNORM__FAIL(msg)      \
+    do {                      \
+        if (why)              \
+            *why = (msg);     \
+        return LNORM_EINVAL;  \
+    } while (0)
+
+int lnorm_segment_validate(const lnorm_segment *s, const char **why)
+{
+    if (!s)
+        LNORM__FAIL("segment is NULL");
+    if (s->op != LNORM_OP_LAYERNORM && s->op != LNORM_OP_RMSNORM)
+        LNORM__FAIL("op: unknown operation");
+    if (!lnorm_dtype_size(s->x_dtype))
+        LNORM__FAIL("x_dtype: unknown dtype");
+    if (!lnorm_dtype_size(s->y_dtype))
+        LNORM__FAIL("y_dtype: unknown dtype");
+    if (s->param_dtype != LNORM_DTYPE_F32 && s->param_dtype != s->x_dtype)
+        LNORM__FAIL("param_dtype: must be f32 or the dtype of x");
+    if (s->eps_mode != LNORM_EPS_INSIDE && s->eps_mode != LNORM_EPS_OUTSIDE)
+        LNORM__FAIL("eps_mode: unknown placement");
+    if (!(s->eps > 0.0f) || !isfinite(s->eps))
+        LNORM__FAIL("eps: must be finite and > 0");
+    if (s->rows < 1)
+        LNORM__FAIL("rows: must be >= 1");
+    if (s->hidden < 1)
+        LNORM__FAIL("hidden: must be >= 1");
+    if (s->hidden > (int64_t)LNORM_CORE_MAX_HIDDEN)
+        LNORM__FAIL("hidden: larger than the core's limit");
+    if (!s->x)
+        LNORM__FAIL("x: NULL");
+    if (!s->y)
+        LNORM__FAIL("y: NULL");
+    if (s->x_stride < s->hidden)
+        LNORM__FAIL("x_stride: smaller than hidden");
+    if (s->y_stride < s->hidden)
+        LNORM__FAIL("y_stride: smaller than hidden");
+    if (s->residual) {
+        if (!s->residual_out)
+            LNORM__FAIL("residual_out: required with residual");
+        if (s->res_stride < s->hidden)
+            LNORM__FAIL("res_stride: smaller than hidden");
+        if (s->res_out_stride < s->hidden)
+            LNORM__FAIL("res_out_stride: smaller than hidden");
+    } else if (s->residual_out) {
+        LNORM__FAIL("residual_out: given without residual");
+    }
+    if (s->op == LNORM_OP_RMSNORM && s->mean)
+        LNORM__FAIL("mean: RMSNorm has no mean");
+    return LNORM_OK;
+}
