@@ -1,0 +1,232 @@
+/*
+ * liblnorm: the C client library of lnormd.
+ *
+ * A client is one NNG REQ socket dialed to one or several lnormd URLs
+ * (tcp://, ipc://, tls+tcp://); NNG reconnects by itself and spreads
+ * requests over the connected servers. Every call is one or several
+ * lnorm.v1.Request -> lnorm.v1.Response exchanges, each on its own NNG
+ * context, so one client may be used from many threads at once and may
+ * have many asynchronous requests in flight.
+ *
+ * Large normalize requests are split by rows into chunks of about
+ * chunk_bytes of x each, with up to pipeline_depth chunks in flight at
+ * once; the results are written straight into the caller's buffers.
+ *
+ * Buffers are always the caller's: the library never allocates an output
+ * for the caller, and never keeps a pointer to an input after the call
+ * (or, for asynchronous calls, after the completion callback).
+ *
+ * Every function returns LNORM_OK (0) or an lnorm error code (errors.h);
+ * lnorm_strerror() describes it. Functions that talk to the server also
+ * fill an optional lnorm_result with the server's status message.
+ *
+ * Minimal use:
+ *
+ *     lnorm_client *c;
+ *     const char *url = "tcp://127.0.0.1:5555";
+ *     if (lnorm_client_open(&c, &url, 1, NULL) != LNORM_OK) ...
+ *     lnorm_normalize_req r;
+ *     lnorm_normalize_req_init(&r, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, rows, hidden);
+ *     r.x = x; r.y = y;
+ *     lnorm_result res;
+ *     int rv = lnorm_normalize(c, &r, &res);
+ *     if (rv != LNORM_OK) fprintf(stderr, "%s: %s\n", lnorm_strerror(rv), res.message);
+ *     lnorm_client_close(c);
+ */
+#ifndef LNORM_LNORM_H
+#define LNORM_LNORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lnorm/errors.h"
+#include "lnorm/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library's version, "MAJOR.MINOR.PATCH". */
+const char *lnorm_client_version(void);
+
+/* Default chunk size (bytes of x per chunk) for large normalize requests,
+ * chosen by measurement (docs/client.md). */
+#define LNORM_DEFAULT_CHUNK_BYTES ((size_t)4 << 20)
+
+/* Default number of chunks of one call in flight at once. */
+#define LNORM_DEFAULT_PIPELINE_DEPTH 4
+
+/* An opaque client: one socket, dialed to one or several servers. */
+typedef struct lnorm_client lnorm_client;
+
+/* Options for lnorm_client_open. Initialise with lnorm_client_opts_init and
+ * change only the fields you need. Timeouts are in milliseconds; a negative
+ * timeout means "wait forever". */
+typedef struct lnorm_client_opts {
+    int send_timeout_ms;     /* time to hand a request to a connection (default 10000) */
+    int recv_timeout_ms;     /* time to wait for a reply once sent (default 30000) */
+    int reconnect_min_ms;    /* NNG reconnect back-off, first wait (default 100) */
+    int reconnect_max_ms;    /* NNG reconnect back-off, longest wait (default 2000) */
+    int resend_ms;           /* REQ resend interval; <= 0: never resend on a live
+                                connection (default; requests on a dropped
+                                connection are still resent elsewhere) */
+    size_t chunk_bytes;      /* bytes of x per chunk (0: LNORM_DEFAULT_CHUNK_BYTES) */
+    int pipeline_depth;      /* chunks of one call in flight at once (0: default) */
+    size_t max_recv_bytes;   /* largest reply accepted (0: 1 GiB) */
+    int send_deadline;       /* non-zero: send the receive timeout as the
+                                request's server-side deadline (default 0) */
+    /* TLS, for tls+tcp:// URLs only. NULL: not set. */
+    const char *tls_ca_file;       /* PEM file of CA certificates to trust */
+    const char *tls_cert_key_file; /* PEM file with client certificate + key */
+    const char *tls_server_name;   /* name to verify (default: the URL's host) */
+    int tls_insecure;              /* non-zero: do not verify the server */
+} lnorm_client_opts;
+
+/* Fill opts with the defaults. */
+void lnorm_client_opts_init(lnorm_client_opts *opts);
+
+/* Open a client dialed to nurls URLs (at least one). Dials do not wait for
+ * the servers: a server that is down is dialed again in the background, and
+ * requests wait for a connection up to send_timeout_ms. opts may be NULL
+ * (defaults). Returns LNORM_OK and sets *out, LNORM_EINVAL for a malformed
+ * URL or option, LNORM_ENOTSUP for an unsupported scheme, or another error
+ * code. */
+int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
+                      const lnorm_client_opts *opts);
+
+/* Close a client: calls in flight fail with LNORM_ECLOSED (their callbacks
+ * run before this returns), then every resource is freed. NULL is a no-op. */
+void lnorm_client_close(lnorm_client *c);
+
+/* The outcome of one call, with what the server said. */
+typedef struct lnorm_result {
+    int err;                 /* lnorm error code of the call (same as returned) */
+    int status;              /* wire status code (lnorm.v1.Code) of the failing
+                                reply, 0 if none; -1 if no reply was received */
+    char message[256];       /* server's status message, or the client's reason;
+                                "" on success */
+    uint64_t queue_us;       /* server timings; for a chunked call the sums */
+    uint64_t compute_us;     /*   over every chunk */
+    uint32_t batch_rows;     /* rows / requests in the (last chunk's) batch */
+    uint32_t batch_requests;
+    uint32_t chunks;         /* requests the call was split into */
+} lnorm_result;
+
+/* A normalize request. Initialise with lnorm_normalize_req_init, then set
+ * the pointers. Every buffer is the caller's, row-major, little-endian:
+ *   x            rows * hidden elements of x_dtype (required)
+ *   residual     rows * hidden elements of x_dtype (optional; then
+ *                residual_out is required and receives x + residual)
+ *   gamma, beta  hidden elements of param_dtype (optional, each)
+ *   y            rows * hidden elements of y_dtype (required)
+ *   mean, rstd   rows floats each (with want_stats; mean for LayerNorm only,
+ *                either may be NULL to not receive it)
+ * gamma/beta and params_id are exclusive: params_id names parameters
+ * registered with lnorm_register_params. */
+typedef struct lnorm_normalize_req {
+    lnorm_op op;
+    lnorm_dtype x_dtype;
+    lnorm_dtype y_dtype;         /* LNORM_DTYPE_NONE: same as x_dtype */
+    uint64_t rows;
+    uint64_t hidden;
+    float eps;                   /* > 0 and finite (init: LNORM_DEFAULT_EPS) */
+    lnorm_eps_mode eps_mode;
+    const void *x;
+    const void *residual;
+    lnorm_dtype param_dtype;     /* F32 or x_dtype (NONE: same as x_dtype) */
+    const void *gamma;
+    const void *beta;
+    const char *params_id;       /* NULL or "": none */
+    int want_stats;              /* non-zero: ask for mean/rstd */
+    void *y;
+    float *mean;
+    float *rstd;
+    void *residual_out;
+    int timeout_ms;              /* this call's reply timeout (0: client's) */
+    size_t chunk_bytes;          /* this call's chunk size (0: client's) */
+} lnorm_normalize_req;
+
+/* Fill a request with defaults: the given op, dtype and shape, eps =
+ * LNORM_DEFAULT_EPS inside the square root, y and params of x's dtype,
+ * every pointer NULL, no stats, the client's timeout and chunk size. */
+void lnorm_normalize_req_init(lnorm_normalize_req *req, lnorm_op op, lnorm_dtype x_dtype,
+                              uint64_t rows, uint64_t hidden);
+
+/* Check a request as the library does before sending it. Returns LNORM_OK
+ * or LNORM_EINVAL; then, if why is not NULL, *why is a static message. */
+int lnorm_normalize_req_check(const lnorm_normalize_req *req, const char **why);
+
+/* Normalize synchronously: validate, send (in chunks if large), wait, and
+ * write y (and mean, rstd, residual_out) into the caller's buffers. On
+ * failure the output buffers may be partly written. res may be NULL. */
+int lnorm_normalize(lnorm_client *c, const lnorm_normalize_req *req, lnorm_result *res);
+
+/* Completion of an asynchronous call: err is the call's error code, res its
+ * result (valid only during the callback), arg the caller's pointer. Runs
+ * on an NNG thread: keep it short and never block in it waiting for another
+ * lnorm call. */
+typedef void (*lnorm_callback)(void *arg, int err, const lnorm_result *res);
+
+/* Normalize asynchronously. The request struct is copied, but every buffer
+ * it points to (and params_id) must stay valid until cb runs. Returns
+ * LNORM_OK when the call was started: then cb runs exactly once, later,
+ * on another thread. Any other return means the call was not started and
+ * cb will not run. */
+int lnorm_normalize_async(lnorm_client *c, const lnorm_normalize_req *req, lnorm_callback cb,
+                          void *arg);
+
+/* Parameters to register on the server for later use by id. */
+typedef struct lnorm_params_desc {
+    const char *id;          /* 1..128 bytes of [A-Za-z0-9_.:-] */
+    lnorm_dtype dtype;       /* F32, F16 or BF16 */
+    uint64_t hidden;
+    const void *gamma;       /* hidden elements, or NULL */
+    const void *beta;        /* hidden elements, or NULL */
+} lnorm_params_desc;
+
+/* Register gamma/beta under an id (LNORM_EEXIST if the id is taken). */
+int lnorm_register_params(lnorm_client *c, const lnorm_params_desc *p, lnorm_result *res);
+
+/* Drop registered parameters (LNORM_ENOTFOUND if the id is unknown). */
+int lnorm_drop_params(lnorm_client *c, const char *id, lnorm_result *res);
+
+/* Ask a server whether it is serving; *serving is set to 0 or 1. */
+int lnorm_health(lnorm_client *c, int *serving, lnorm_result *res);
+
+/* The most backends and devices lnorm_info reports. */
+#define LNORM_INFO_MAX_BACKENDS 8
+#define LNORM_INFO_MAX_DEVICES 16
+
+/* One compute device of a server. */
+typedef struct lnorm_device_desc {
+    char backend[16];        /* "cpu" or "cuda" */
+    char name[128];
+    uint64_t memory_bytes;
+    uint32_t index;
+} lnorm_device_desc;
+
+/* What lnorm_info reports about a server: version, backends, devices and
+ * limits (0 for a limit the server did not report). Strings are truncated
+ * to fit and always NUL-terminated. */
+typedef struct lnorm_server_info {
+    char version[64];
+    int nbackends;
+    char backends[LNORM_INFO_MAX_BACKENDS][16];
+    int ndevices;
+    lnorm_device_desc devices[LNORM_INFO_MAX_DEVICES];
+    uint64_t max_message_bytes;
+    uint64_t max_rows;
+    uint64_t max_hidden;
+    uint64_t max_batch_rows;
+    uint64_t max_batch_bytes;
+    uint64_t max_queue_requests;
+    uint64_t max_params_bytes;
+} lnorm_server_info;
+
+/* Fill *info with a server's description. */
+int lnorm_info(lnorm_client *c, lnorm_server_info *info, lnorm_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LNORM_LNORM_H */
