@@ -1,0 +1,42 @@
+/*
+ * Internal to the CPU backend: the per-ISA row kernels. Each one computes
+ * rows [r0, r1) of a validated segment on the calling thread, one row at a
+ * time in a fixed order (so a row's result never depends on the batch, its
+ * position or the thread). Numerics, shared by every path:
+ *  - h is loaded and converted to fp32 at once (with a residual,
+ *    h = round_to_x_dtype(float(x) + float(r)) is written to residual_out
+ *    first and read back from there by the later passes);
+ *  - LayerNorm: the row is shifted by K = h[0] (exact for nearby values),
+ *    d = sum(h - K) / H, mean = K + d; var = sum(((h - K) - d)^2) / H, a
+ *    centred second pass; this keeps cancellation (mean >> spread) out of
+ *    the result. RMSNorm: ms = sum(h^2) / H, no mean at all;
+ *  - sums run in blocks of a fixed number of columns (several fp32 lanes
+ *    each), block sums combined by compensated (Kahan) fp32 addition, so
+ *    the error stays a few units of fp32 rounding even for H = 2^18;
+ *  - y = ((h - K) - d) * rstd * gamma[c] + beta[c].
+ */
+#ifndef LNORM_CPU_ROWS_H
+#define LNORM_CPU_ROWS_H
+
+#include <stdint.h>
+
+#include "lnorm_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Compute rows [r0, r1) of the validated segment s on the calling thread. */
+typedef void lnorm__cpu_rows_fn(const lnorm_segment *s, int64_t r0, int64_t r1);
+
+/* Portable C path. */
+void lnorm__cpu_rows_scalar(const lnorm_segment *s, int64_t r0, int64_t r1);
+/* AVX2 + FMA + F16C path (compiled with those flags; call only if present). */
+void lnorm__cpu_rows_avx2(const lnorm_segment *s, int64_t r0, int64_t r1);
+/* AVX-512 F/BW/VL path (compiled with those flags; call only if present). */
+void lnorm__cpu_rows_avx512(const lnorm_segment *s, int64_t r0, int64_t r1);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LNORM_CPU_ROWS_H */

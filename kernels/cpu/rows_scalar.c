@@ -1,0 +1,105 @@
+/* The portable C row kernel of the CPU backend (numerics in cpu_rows.h). */
+#include <math.h>
+
+#include "cpu_rows.h"
+#include "half.h"
+
+/* Columns summed plainly before the block sum joins the compensated total. */
+#define BLOCK 64
+
+static inline float ld(const void *p, int64_t i, int dt)
+{
+    if (dt == LNORM_DTYPE_F32)
+        return ((const float *)p)[i];
+    if (dt == LNORM_DTYPE_F16)
+        return lnorm_f16_to_f32(((const uint16_t *)p)[i]);
+    return lnorm_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static inline void st(void *p, int64_t i, int dt, float v)
+{
+    if (dt == LNORM_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (dt == LNORM_DTYPE_F16)
+        ((uint16_t *)p)[i] = lnorm_f32_to_f16(v);
+    else
+        ((uint16_t *)p)[i] = lnorm_f32_to_bf16(v);
+}
+
+/* Kahan addition of a block sum into (*sum, *comp). */
+static inline void kahan_add(float *sum, float *comp, float v)
+{
+    float y = v - *comp;
+    float t = *sum + y;
+    *comp = (t - *sum) - y;
+    *sum = t;
+}
+
+/* sum over the row of (h - K) (mode 0), ((h - K) - d)^2 (mode 1) or h^2
+ * (mode 2), blocked and compensated. */
+static float row_sum(const void *hp, int dt, int64_t H, float K, float d, int mode)
+{
+    float sum = 0.0f, comp = 0.0f;
+    for (int64_t c0 = 0; c0 < H; c0 += BLOCK) {
+        int64_t c1 = c0 + BLOCK < H ? c0 + BLOCK : H;
+        float bs = 0.0f;
+        for (int64_t c = c0; c < c1; c++) {
+            float h = ld(hp, c, dt);
+            float t = mode == 2 ? h : h - K;
+            if (mode == 1)
+                t -= d;
+            bs += mode == 0 ? t : t * t;
+        }
+        kahan_add(&sum, &comp, bs);
+    }
+    return sum;
+}
+
+static void one_row(const lnorm_segment *s, int64_t r)
+{
+    const int64_t H = s->hidden;
+    const int xdt = s->x_dtype;
+    const size_t xsz = lnorm_dtype_size(xdt);
+    const char *x = (const char *)s->x + (size_t)(r * s->x_stride) * xsz;
+    const void *hp = x;
+
+    if (s->residual) {
+        const char *res = (const char *)s->residual + (size_t)(r * s->res_stride) * xsz;
+        char *ro = (char *)s->residual_out + (size_t)(r * s->res_out_stride) * xsz;
+        for (int64_t c = 0; c < H; c++)
+            st(ro, c, xdt, ld(x, c, xdt) + ld(res, c, xdt));
+        hp = ro; /* h, rounded to x's dtype, is read back from residual_out */
+    }
+
+    float K = 0.0f, d = 0.0f, var;
+    if (s->op == LNORM_OP_LAYERNORM) {
+        K = ld(hp, 0, xdt);
+        d = row_sum(hp, xdt, H, K, 0.0f, 0) / (float)H;
+        var = row_sum(hp, xdt, H, K, d, 1) / (float)H;
+    } else {
+        var = row_sum(hp, xdt, H, 0.0f, 0.0f, 2) / (float)H;
+    }
+    float rstd = s->eps_mode == LNORM_EPS_INSIDE ? 1.0f / sqrtf(var + s->eps)
+                                                 : 1.0f / (sqrtf(var) + s->eps);
+    if (s->mean)
+        s->mean[r] = K + d;
+    if (s->rstd)
+        s->rstd[r] = rstd;
+
+    char *y = (char *)s->y + (size_t)(r * s->y_stride) * lnorm_dtype_size(s->y_dtype);
+    const int pdt = s->param_dtype;
+    for (int64_t c = 0; c < H; c++) {
+        float v = ((ld(hp, c, xdt) - K) - d) * rstd;
+        if (s->gamma)
+            v = v * ld(s->gamma, c, pdt);
+        if (s->beta)
+            v = v + ld(s->beta, c, pdt);
+        st(y, c, s->y_dtype, v);
+    }
+}
+
+void lnorm__cpu_rows_scalar(const lnorm_segment *s, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        one_row(s, r);
+}

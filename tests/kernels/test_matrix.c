@@ -1,0 +1,155 @@
+/*
+ * kernels.matrix: the CPU backend against the float64 reference over every
+ * op x x-dtype x y-dtype x affine x param dtype x residual x stats, over
+ * hidden sizes from 1 to 262144, with padded (non-contiguous) rows, on
+ * every ISA path this machine has. Fresh random inputs, poisoned outputs.
+ * Usage: test_matrix [isa]   (default: every available ISA)
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "lnorm_core.h"
+#include "testcase.h"
+#include "testutil.h"
+
+static const int64_t small_h[] = {1, 2, 3, 63, 64, 65, 127, 1000, 4096, 4097};
+static const int64_t big_h[] = {65536, 262144};
+static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+
+static long g_cases, g_fails;
+
+/* Build, run (through the pool or on the caller) and check one case. */
+static void run_case(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng *g, int via_pool)
+{
+    lnorm_test_case tc;
+    char label[200];
+    snprintf(label, sizeof label,
+             "isa=%s op=%s x=%s y=%s p=%s aff=%d%d res=%d stats=%d H=%lld rows=%lld pad=%lld",
+             lnorm_cpu_isa(cpu), cfg->op == LNORM_OP_LAYERNORM ? "ln" : "rms",
+             lnorm_dtype_name(cfg->x_dtype), lnorm_dtype_name(cfg->y_dtype ? cfg->y_dtype : cfg->x_dtype),
+             lnorm_dtype_name(cfg->param_dtype ? cfg->param_dtype : cfg->x_dtype), cfg->gamma, cfg->beta,
+             cfg->residual, cfg->stats, (long long)cfg->hidden, (long long)cfg->rows, (long long)cfg->pad);
+    g_cases++;
+    if (lnorm_test_case_make(&tc, cfg, g) != LNORM_OK) {
+        fprintf(stderr, "FAIL %s: out of memory\n", label);
+        g_fails++;
+        return;
+    }
+    const char *why = NULL;
+    int err;
+    if (via_pool) {
+        lnorm_batch b = {&tc.seg, 1};
+        err = lnorm_cpu_run(cpu, &b, &why);
+    } else {
+        err = lnorm_cpu_run_segment(cpu, &tc.seg, &why);
+    }
+    long bad;
+    if (err != LNORM_OK) {
+        fprintf(stderr, "FAIL %s: run returned %s (%s)\n", label, lnorm_errname(err), why ? why : "");
+        bad = 1;
+    } else {
+        bad = lnorm_test_check_segment(&tc.seg, NULL, label);
+        long pads = lnorm_test_case_pad_writes(&tc);
+        if (pads) {
+            fprintf(stderr, "FAIL %s: %ld bytes written in row padding\n", label, pads);
+            bad += pads;
+        }
+        if (bad)
+            fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
+    }
+    g_fails += bad != 0;
+    lnorm_test_case_free(&tc);
+}
+
+static void sweep(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    long idx = 0;
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+        for (int xi = 0; xi < 3; xi++)
+            for (int yi = 0; yi < 2; yi++) /* same dtype, then a cross case */
+                for (int aff = 0; aff < 3; aff++)
+                    for (int pi = 0; pi < 2; pi++)
+                        for (int res = 0; res < 2; res++)
+                            for (int st = 0; st < 2; st++) {
+                                int xdt = dts[xi];
+                                if (aff == 0 && pi == 1)
+                                    continue; /* no params: param dtype is moot */
+                                lnorm_test_case_cfg c = {0};
+                                c.op = op;
+                                c.x_dtype = xdt;
+                                c.y_dtype = yi == 0 ? xdt : (xdt == LNORM_DTYPE_F32 ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32);
+                                c.param_dtype = pi == 0 ? LNORM_DTYPE_F32 : xdt;
+                                c.gamma = aff >= 1;
+                                c.beta = aff >= 2;
+                                c.residual = res;
+                                c.stats = st;
+                                c.x_mean = (idx % 3) * 0.75;
+                                c.x_spread = 1.0 + (idx % 5) * 0.5;
+                                c.eps_mode = (idx % 7 == 3) ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
+                                for (size_t hi = 0; hi < sizeof small_h / sizeof *small_h; hi++) {
+                                    c.hidden = small_h[hi];
+                                    c.rows = c.hidden >= 4096 ? 3 : 5 + (int64_t)(idx % 4);
+                                    c.pad = (idx + hi) % 3 == 0 ? 0 : (int64_t)((idx + hi) % 3) * 7 - 4;
+                                    run_case(cpu, &c, g, (idx + hi) % 2);
+                                }
+                                idx++;
+                            }
+    /* Huge rows: every op x x-dtype x residual with gamma+beta and stats,
+     * plus the cross y dtype, each H, two rows. */
+    for (size_t hi = 0; hi < sizeof big_h / sizeof *big_h; hi++)
+        for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+            for (int xi = 0; xi < 3; xi++)
+                for (int res = 0; res < 2; res++) {
+                    lnorm_test_case_cfg c = {0};
+                    c.op = op;
+                    c.x_dtype = dts[xi];
+                    c.y_dtype = res ? LNORM_DTYPE_F32 : dts[xi];
+                    c.gamma = c.beta = 1;
+                    c.residual = res;
+                    c.stats = 1;
+                    c.x_mean = 0.5;
+                    c.x_spread = 2.0;
+                    c.hidden = big_h[hi];
+                    c.rows = 2;
+                    c.pad = res ? 5 : 0;
+                    run_case(cpu, &c, g, res);
+                }
+}
+
+int main(int argc, char **argv)
+{
+    const char *isas[] = {"scalar", "avx2", "avx512"};
+    lnorm_cpu *cpu;
+    if (lnorm_cpu_create(&cpu, 2) != LNORM_OK) {
+        fprintf(stderr, "FAIL: lnorm_cpu_create\n");
+        return 1;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 0x5eed1234u);
+    int ran = 0;
+    for (int i = 0; i < 3; i++) {
+        if (argc > 1 && strcmp(argv[1], isas[i]))
+            continue;
+        int err = lnorm_cpu_set_isa(cpu, isas[i]);
+        if (err == LNORM_ENOTSUP) {
+            printf("isa %s: not available on this machine/build, not checked\n", isas[i]);
+            continue;
+        }
+        if (err) {
+            fprintf(stderr, "FAIL: set_isa(%s) = %s\n", isas[i], lnorm_errname(err));
+            g_fails++;
+            continue;
+        }
+        long f0 = g_fails, c0 = g_cases;
+        sweep(cpu, &g);
+        printf("isa %s: %ld cases, %ld failed\n", isas[i], g_cases - c0, g_fails - f0);
+        ran++;
+    }
+    lnorm_cpu_destroy(cpu);
+    if (!ran) {
+        fprintf(stderr, "FAIL: no ISA was checked\n");
+        return 1;
+    }
+    printf("%s: %ld cases, %ld failed\n", g_fails ? "FAIL" : "PASS", g_cases, g_fails);
+    return g_fails != 0;
+}
