@@ -1,5 +1,6 @@
 /* Segment defaults and validation, shared by every backend. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "lnorm_core.h"
@@ -25,6 +26,16 @@ void lnorm_segment_init(lnorm_segment *s, lnorm_op op, lnorm_dtype x_dtype,
             *why = (msg);     \
         return LNORM_EINVAL;  \
     } while (0)
+
+/* Whether rows x stride elements of size esz (the last row only hidden
+ * long) fit in a byte offset that neither int64_t nor size_t overflows. */
+static int extent_fits(int64_t rows, int64_t stride, int64_t hidden, size_t esz)
+{
+    const int64_t lim = (int64_t)((SIZE_MAX < (uint64_t)INT64_MAX ? SIZE_MAX : (uint64_t)INT64_MAX) / 8);
+    if (rows - 1 > (lim - hidden) / stride)
+        return 0;
+    return ((rows - 1) * stride + hidden) <= lim / (int64_t)esz;
+}
 
 int lnorm_segment_validate(const lnorm_segment *s, const char **why)
 {
@@ -56,6 +67,10 @@ int lnorm_segment_validate(const lnorm_segment *s, const char **why)
         LNORM__FAIL("x_stride: smaller than hidden");
     if (s->y_stride < s->hidden)
         LNORM__FAIL("y_stride: smaller than hidden");
+    if (!extent_fits(s->rows, s->x_stride, s->hidden, lnorm_dtype_size(s->x_dtype)))
+        LNORM__FAIL("x_stride: rows x stride overflows");
+    if (!extent_fits(s->rows, s->y_stride, s->hidden, lnorm_dtype_size(s->y_dtype)))
+        LNORM__FAIL("y_stride: rows x stride overflows");
     if (s->residual) {
         if (!s->residual_out)
             LNORM__FAIL("residual_out: required with residual");
@@ -63,6 +78,9 @@ int lnorm_segment_validate(const lnorm_segment *s, const char **why)
             LNORM__FAIL("res_stride: smaller than hidden");
         if (s->res_out_stride < s->hidden)
             LNORM__FAIL("res_out_stride: smaller than hidden");
+        if (!extent_fits(s->rows, s->res_stride, s->hidden, lnorm_dtype_size(s->x_dtype)) ||
+            !extent_fits(s->rows, s->res_out_stride, s->hidden, lnorm_dtype_size(s->x_dtype)))
+            LNORM__FAIL("res_stride: rows x stride overflows");
     } else if (s->residual_out) {
         LNORM__FAIL("residual_out: given without residual");
     }

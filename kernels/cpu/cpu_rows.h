@@ -12,7 +12,9 @@
  *    the result. RMSNorm: ms = sum(h^2) / H, no mean at all;
  *  - sums run in blocks of a fixed number of columns (several fp32 lanes
  *    each), block sums combined by compensated (Kahan) fp32 addition, so
- *    the error stays a few units of fp32 rounding even for H = 2^18;
+ *    the error stays a few units of fp32 rounding even for H = 2^18 (a
+ *    plain running sum of the block sums is kept too and used when it is
+ *    not finite, so Inf/NaN propagate as in an uncompensated sum);
  *  - y = ((h - K) - d) * rstd * gamma[c] + beta[c].
  */
 #ifndef LNORM_CPU_ROWS_H

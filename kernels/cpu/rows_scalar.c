@@ -39,7 +39,7 @@ static inline void kahan_add(float *sum, float *comp, float v)
  * (mode 2), blocked and compensated. */
 static float row_sum(const void *hp, int dt, int64_t H, float K, float d, int mode)
 {
-    float sum = 0.0f, comp = 0.0f;
+    float sum = 0.0f, comp = 0.0f, plain = 0.0f;
     for (int64_t c0 = 0; c0 < H; c0 += BLOCK) {
         int64_t c1 = c0 + BLOCK < H ? c0 + BLOCK : H;
         float bs = 0.0f;
@@ -51,8 +51,10 @@ static float row_sum(const void *hp, int dt, int64_t H, float K, float d, int mo
             bs += mode == 0 ? t : t * t;
         }
         kahan_add(&sum, &comp, bs);
+        plain += bs;
     }
-    return sum;
+    /* Compensation turns an infinite sum into NaN; the plain sum keeps it. */
+    return isfinite(plain) ? sum : plain;
 }
 
 static void one_row(const lnorm_segment *s, int64_t r)
@@ -74,6 +76,8 @@ static void one_row(const lnorm_segment *s, int64_t r)
     float K = 0.0f, d = 0.0f, var;
     if (s->op == LNORM_OP_LAYERNORM) {
         K = ld(hp, 0, xdt);
+        if (!isfinite(K))
+            K = 0.0f; /* keep an Inf/NaN first element from poisoning the mean */
         d = row_sum(hp, xdt, H, K, 0.0f, 0) / (float)H;
         var = row_sum(hp, xdt, H, K, d, 1) / (float)H;
     } else {

@@ -1,0 +1,467 @@
+/*
+ * Named tests of the classic failure modes of a normalization kernel, run
+ * on every ISA path this machine has. Usage: test_named NAME
+ * (one ctest entry per NAME, see CMakeLists.txt).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lnorm_core.h"
+#include "testcase.h"
+#include "testutil.h"
+
+static const char *const isas[] = {"scalar", "avx2", "avx512"};
+static int g_fails;
+
+#define EXPECT(cond, ...)                                   \
+    do {                                                    \
+        if (!(cond)) {                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                   \
+            fprintf(stderr, "\n");                          \
+            g_fails++;                                      \
+        }                                                   \
+    } while (0)
+
+/* A backend set to isa, or NULL when this machine lacks it. */
+static lnorm_cpu *cpu_for(const char *isa, int threads)
+{
+    lnorm_cpu *cpu;
+    if (lnorm_cpu_create(&cpu, threads) != LNORM_OK) {
+        EXPECT(0, "lnorm_cpu_create");
+        return NULL;
+    }
+    int err = lnorm_cpu_set_isa(cpu, isa);
+    if (err) {
+        EXPECT(err == LNORM_ENOTSUP, "set_isa(%s) = %s", isa, lnorm_errname(err));
+        printf("  isa %s: not available, not checked\n", isa);
+        lnorm_cpu_destroy(cpu);
+        return NULL;
+    }
+    return cpu;
+}
+
+/* Build cfg, run it on cpu, check against the reference; returns mismatches. */
+static long run_check(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng *g, const char *label)
+{
+    lnorm_test_case tc;
+    if (lnorm_test_case_make(&tc, cfg, g)) {
+        EXPECT(0, "%s: out of memory", label);
+        return 1;
+    }
+    const char *why = NULL;
+    int err = lnorm_cpu_run_segment(cpu, &tc.seg, &why);
+    long bad = err ? 1 : lnorm_test_check_segment(&tc.seg, NULL, label);
+    EXPECT(err == LNORM_OK, "%s: run = %s (%s)", label, lnorm_errname(err), why ? why : "");
+    EXPECT(bad == 0, "%s: %ld mismatches", label, bad);
+    lnorm_test_case_free(&tc);
+    return bad;
+}
+
+/* f16 activations of magnitude 1e-3..1e-4: x*x underflows in f16. */
+static void t_f16_tiny(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+        for (int k = 0; k < 2; k++) {
+            lnorm_test_case_cfg c = {.op = op, .x_dtype = LNORM_DTYPE_F16, .rows = 6, .hidden = 1000 + k * 3096,
+                                     .gamma = 1, .beta = 1, .stats = 1, .x_mean = k ? 1e-4 : 1e-3,
+                                     .x_spread = k ? 2e-4 : 1e-3, .eps = 1e-12f};
+            run_check(cpu, &c, g, op == LNORM_OP_LAYERNORM ? "f16 tiny ln" : "f16 tiny rms");
+        }
+}
+
+/* Rows with mean 1e4 and spread 1: catastrophic cancellation in naive sums. */
+static void t_cancellation(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16, LNORM_DTYPE_F16};
+    for (int i = 0; i < 3; i++)
+        for (int64_t H = 1000; H <= 65536; H *= 8) {
+            lnorm_test_case_cfg c = {.op = LNORM_OP_LAYERNORM, .x_dtype = dts[i], .y_dtype = LNORM_DTYPE_F32,
+                                     .rows = 4, .hidden = H, .gamma = 1, .beta = 1, .stats = 1,
+                                     .x_mean = 1e4, .x_spread = 1.0};
+            /* f16 near 1e4 has a spacing of 8: spread 1 would be constant rows;
+             * use a spread the dtype can carry. */
+            if (dts[i] == LNORM_DTYPE_F16)
+                c.x_spread = 40.0;
+            if (dts[i] == LNORM_DTYPE_BF16)
+                c.x_spread = 300.0;
+            run_check(cpu, &c, g, "cancellation");
+        }
+}
+
+/* Constant rows: var = 0, so y = beta exactly and nothing is NaN/Inf. */
+static void t_constant(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    const double vals[] = {0.0, 3.25, -1e4, 1e-3};
+    for (int i = 0; i < 3; i++)
+        for (int v = 0; v < 4; v++) {
+            lnorm_test_case_cfg c = {.op = LNORM_OP_LAYERNORM, .x_dtype = dts[i], .rows = 3, .hidden = 777,
+                                     .gamma = 1, .beta = 1, .stats = 1};
+            lnorm_test_case tc;
+            if (lnorm_test_case_make(&tc, &c, g)) {
+                EXPECT(0, "oom");
+                return;
+            }
+            for (size_t k = 0; k < (size_t)(c.rows * c.hidden); k++)
+                lnorm_test_set(tc.x, dts[i], k, vals[v]);
+            EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+            long bad = 0;
+            for (int64_t r = 0; r < c.rows; r++) {
+                for (int64_t k = 0; k < c.hidden; k++) {
+                    double y = lnorm_test_get(tc.y, dts[i], (size_t)(r * c.hidden + k));
+                    double b = lnorm_test_get(tc.beta, dts[i], (size_t)k);
+                    bad += !(y == b);
+                }
+                bad += !isfinite(tc.rstd[r]) || !(tc.mean[r] == (float)lnorm_test_round(vals[v], dts[i]));
+                bad += !(fabs(tc.rstd[r] - 1.0 / sqrt((double)tc.seg.eps)) <= 1e-6 / sqrt((double)tc.seg.eps));
+            }
+            EXPECT(bad == 0, "constant rows (%s, value %g): %ld wrong elements", lnorm_dtype_name(dts[i]), vals[v], bad);
+            EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "constant") == 0, "constant rows vs reference");
+            lnorm_test_case_free(&tc);
+        }
+}
+
+/* eps inside vs outside the sqrt: each matches its own reference, they differ. */
+static void t_eps_placement(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++) {
+        lnorm_test_case_cfg c = {.op = op, .x_dtype = LNORM_DTYPE_F32, .rows = 4, .hidden = 513,
+                                 .gamma = 1, .stats = 1, .x_spread = 0.01, .eps = 1e-3f};
+        lnorm_test_case a, b;
+        lnorm_rng g2 = *g;
+        if (lnorm_test_case_make(&a, &c, g)) {
+            EXPECT(0, "oom");
+            return;
+        }
+        c.eps_mode = LNORM_EPS_OUTSIDE;
+        if (lnorm_test_case_make(&b, &c, &g2)) { /* same seed: same inputs */
+            EXPECT(0, "oom");
+            lnorm_test_case_free(&a);
+            return;
+        }
+        EXPECT(lnorm_cpu_run_segment(cpu, &a.seg, NULL) == LNORM_OK, "run inside");
+        EXPECT(lnorm_cpu_run_segment(cpu, &b.seg, NULL) == LNORM_OK, "run outside");
+        EXPECT(lnorm_test_check_segment(&a.seg, NULL, "eps inside") == 0, "eps inside vs its reference");
+        EXPECT(lnorm_test_check_segment(&b.seg, NULL, "eps outside") == 0, "eps outside vs its reference");
+        EXPECT(memcmp(a.x, b.x, a.x_bytes) == 0, "inputs differ");
+        long differ = 0;
+        for (int64_t k = 0; k < c.rows * c.hidden; k++)
+            differ += fabsf(((float *)a.y)[k] - ((float *)b.y)[k]) > 1e-3f * fabsf(((float *)a.y)[k]);
+        EXPECT(differ > c.rows * c.hidden / 2, "eps inside and outside give the same output (%ld differ)", differ);
+        /* Swapped: inside's output must NOT pass outside's reference. */
+        lnorm_segment swapped = a.seg;
+        swapped.eps_mode = LNORM_EPS_OUTSIDE;
+        lnorm_test_tol tol;
+        lnorm_test_tol_default(&tol);
+        tol.max_report = 0;
+        EXPECT(lnorm_test_check_segment(&swapped, &tol, "swapped") > 0, "inside's output passes outside's reference");
+        lnorm_test_case_free(&a);
+        lnorm_test_case_free(&b);
+    }
+}
+
+/* Distinct per-row data with shared gamma/beta held in buffers of exactly
+ * hidden elements, rows padded: catches gamma indexed by row offset. */
+static void t_shared_params(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    for (int i = 0; i < 3; i++) {
+        lnorm_test_case_cfg c = {.op = LNORM_OP_LAYERNORM, .x_dtype = dts[i], .rows = 9, .hidden = 100, .pad = 28,
+                                 .gamma = 1, .beta = 1, .stats = 1};
+        lnorm_test_case tc;
+        if (lnorm_test_case_make(&tc, &c, g)) {
+            EXPECT(0, "oom");
+            return;
+        }
+        /* Each row its own mean and scale. */
+        for (int64_t r = 0; r < c.rows; r++)
+            for (int64_t k = 0; k < c.hidden; k++)
+                lnorm_test_set(tc.x, dts[i], (size_t)(r * tc.seg.x_stride + k),
+                               (double)r * 3.0 + (1.0 + r) * lnorm_rng_normal(g));
+        /* gamma distinct per column, far from 1, so a wrong index shows. */
+        for (int64_t k = 0; k < c.hidden; k++) {
+            lnorm_test_set(tc.gamma, tc.seg.param_dtype, (size_t)k, 0.5 + (double)k / 16.0);
+            lnorm_test_set(tc.beta, tc.seg.param_dtype, (size_t)k, -(double)k / 32.0);
+        }
+        EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+        EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "shared params") == 0, "shared gamma/beta (%s)",
+               lnorm_dtype_name(dts[i]));
+        lnorm_test_case_free(&tc);
+    }
+}
+
+/* NaN/Inf inputs propagate as PyTorch does; other rows unaffected. */
+static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    for (int i = 0; i < 3; i++)
+        for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++) {
+            lnorm_test_case_cfg c = {.op = op, .x_dtype = dts[i], .rows = 6, .hidden = 300,
+                                     .gamma = 1, .beta = 1, .stats = 1};
+            lnorm_test_case tc;
+            if (lnorm_test_case_make(&tc, &c, g)) {
+                EXPECT(0, "oom");
+                return;
+            }
+            /* Finite poison (0x7B7B...: 1.3e36 f32, 60768 f16, 1.3e36 bf16)
+             * so that an unwritten element of a NaN row cannot look right. */
+            memset(tc.y, 0x7B, tc.y_bytes);
+            const int64_t H = c.hidden;
+            lnorm_test_set(tc.x, dts[i], (size_t)(1 * H + 7), NAN);
+            lnorm_test_set(tc.x, dts[i], (size_t)(3 * H + 0), INFINITY);
+            lnorm_test_set(tc.x, dts[i], (size_t)(4 * H + H - 1), -INFINITY);
+            EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+            EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "nan/inf") == 0, "NaN/Inf rows vs reference (%s, op %d)",
+                   lnorm_dtype_name(dts[i]), op);
+            for (int64_t r = 0; r < c.rows; r++) {
+                long nans = 0;
+                for (int64_t k = 0; k < H; k++)
+                    nans += isnan(lnorm_test_get(tc.y, dts[i], (size_t)(r * H + k)));
+                int bad_row = r == 1 || r == 3 || r == 4;
+                if (!bad_row)
+                    EXPECT(nans == 0, "row %lld has %ld NaN but no bad input", (long long)r, nans);
+                else if (op == LNORM_OP_LAYERNORM || r == 1)
+                    EXPECT(nans == H, "row %lld: %ld of %lld NaN", (long long)r, nans, (long long)H);
+                else /* RMSNorm with +-Inf: rstd = 0, finite elements give 0 (beta), the Inf one NaN */
+                    EXPECT(nans == 1 && tc.rstd[r] == 0.0f, "rms inf row %lld: %ld NaN, rstd %g", (long long)r,
+                           nans, tc.rstd[r]);
+            }
+            lnorm_test_case_free(&tc);
+        }
+}
+
+/* Invalid descriptions are rejected with LNORM_EINVAL and nothing written. */
+static void t_reject(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    lnorm_test_case_cfg c = {.op = LNORM_OP_LAYERNORM, .x_dtype = LNORM_DTYPE_F32, .rows = 2, .hidden = 8,
+                             .stats = 1, .residual = 1};
+    lnorm_test_case tc;
+    if (lnorm_test_case_make(&tc, &c, g)) {
+        EXPECT(0, "oom");
+        return;
+    }
+    struct {
+        const char *what;
+        void *unused;
+    } cases[] = {
+        {"eps 0", NULL}, {"eps -1", NULL}, {"eps NaN", NULL}, {"eps Inf", NULL}, {"hidden 0", NULL},
+        {"rows 0", NULL}, {"x_stride < hidden", NULL}, {"y_stride < hidden", NULL}, {"res_stride < hidden", NULL},
+        {"op 0", NULL}, {"x dtype 0", NULL}, {"y dtype 9", NULL}, {"param dtype f16 for f32 x", NULL},
+        {"eps_mode 2", NULL}, {"mean with RMSNorm", NULL}, {"x NULL", NULL}, {"residual_out NULL", NULL},
+        {"hidden too large", NULL}, {"rows x stride overflows", NULL}, {"rows -1", NULL}, {"stride negative", NULL},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n; i++) {
+        lnorm_segment s = tc.seg;
+        switch (i) {
+        case 0: s.eps = 0.0f; break;
+        case 1: s.eps = -1.0f; break;
+        case 2: s.eps = NAN; break;
+        case 3: s.eps = INFINITY; break;
+        case 4: s.hidden = 0; break;
+        case 5: s.rows = 0; break;
+        case 6: s.x_stride = 7; break;
+        case 7: s.y_stride = 7; break;
+        case 8: s.res_stride = 7; break;
+        case 9: s.op = 0; break;
+        case 10: s.x_dtype = 0; break;
+        case 11: s.y_dtype = 9; break;
+        case 12: s.param_dtype = LNORM_DTYPE_F16; break;
+        case 13: s.eps_mode = 2; break;
+        case 14: s.op = LNORM_OP_RMSNORM; break; /* mean still set */
+        case 15: s.x = NULL; break;
+        case 16: s.residual_out = NULL; break;
+        case 17: s.hidden = (int64_t)LNORM_CORE_MAX_HIDDEN + 1; s.x_stride = s.y_stride = s.res_stride = s.res_out_stride = s.hidden; break;
+        case 18: s.rows = INT64_MAX / 2; break;
+        case 19: s.rows = -1; break;
+        case 20: s.x_stride = -8; break;
+        }
+        const char *why = NULL;
+        lnorm_test_case_repoison(&tc);
+        int e1 = lnorm_cpu_run_segment(cpu, &s, &why);
+        EXPECT(e1 == LNORM_EINVAL && why && *why, "%s: run_segment = %s", cases[i].what, lnorm_errname(e1));
+        lnorm_segment two[2] = {tc.seg, s};
+        lnorm_batch b = {two, 2};
+        why = NULL;
+        int e2 = lnorm_cpu_run(cpu, &b, &why);
+        EXPECT(e2 == LNORM_EINVAL && why && *why, "%s: run = %s", cases[i].what, lnorm_errname(e2));
+        /* Nothing ran: the valid first segment's outputs are still poisoned. */
+        const unsigned char *y = tc.y;
+        long written = 0;
+        for (size_t k = 0; k < tc.y_bytes; k++)
+            written += y[k] != 0xFF;
+        EXPECT(written == 0, "%s: %ld output bytes written by a rejected batch", cases[i].what, written);
+    }
+    lnorm_test_case_free(&tc);
+}
+
+/* RMSNorm never subtracts a mean: rows with a large mean would give a very
+ * different (and wrong) answer if it did. */
+static void t_rms_no_mean(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    lnorm_test_case_cfg c = {.op = LNORM_OP_RMSNORM, .x_dtype = LNORM_DTYPE_F32, .rows = 4, .hidden = 256,
+                             .stats = 1, .x_mean = 5.0, .x_spread = 1.0};
+    lnorm_test_case tc;
+    if (lnorm_test_case_make(&tc, &c, g)) {
+        EXPECT(0, "oom");
+        return;
+    }
+    EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+    EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "rms") == 0, "rmsnorm vs reference");
+    /* y * ||x||_rms / x == 1 per element, and all y share x's sign (mean 5). */
+    long bad = 0;
+    for (int64_t k = 0; k < c.rows * c.hidden; k++) {
+        float x = ((float *)tc.x)[k], y = ((float *)tc.y)[k];
+        bad += (x > 0) != (y > 0);
+    }
+    EXPECT(bad == 0, "rmsnorm output changed sign for %ld elements (mean subtracted?)", bad);
+    /* The LayerNorm of the same data must not pass the RMSNorm reference. */
+    tc.seg.op = LNORM_OP_LAYERNORM;
+    lnorm_test_case_repoison(&tc);
+    EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run ln");
+    tc.seg.op = LNORM_OP_RMSNORM;
+    lnorm_test_tol tol;
+    lnorm_test_tol_default(&tol);
+    tol.max_report = 0;
+    EXPECT(lnorm_test_check_segment(&tc.seg, &tol, "rms") > 0, "a mean-subtracting output passes RMSNorm's reference");
+    lnorm_test_case_free(&tc);
+}
+
+/* Batch invariance: rows computed alone, in a big mixed batch over the
+ * pool, on another thread count: bit-identical outputs. */
+static void t_batch_invariance(const char *isa, lnorm_rng *g)
+{
+    lnorm_cpu *c1 = cpu_for(isa, 1), *c4 = cpu_for(isa, 4);
+    if (!c1 || !c4) {
+        lnorm_cpu_destroy(c1);
+        lnorm_cpu_destroy(c4);
+        return;
+    }
+    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    enum { NSEG = 6 };
+    lnorm_test_case tcs[NSEG];
+    lnorm_segment segs[NSEG];
+    for (int i = 0; i < NSEG; i++) {
+        lnorm_test_case_cfg c = {.op = i % 2 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM, .x_dtype = dts[i % 3],
+                                 .rows = 64 + 37 * i, .hidden = i == 5 ? 4097 : 768 + 5 * i, .gamma = 1,
+                                 .beta = i % 2, .residual = i % 3 == 1, .stats = 1, .pad = i};
+        if (lnorm_test_case_make(&tcs[i], &c, g)) {
+            EXPECT(0, "oom");
+            for (int k = 0; k < i; k++)
+                lnorm_test_case_free(&tcs[k]);
+            lnorm_cpu_destroy(c1);
+            lnorm_cpu_destroy(c4);
+            return;
+        }
+        segs[i] = tcs[i].seg;
+    }
+    lnorm_batch b = {segs, NSEG};
+    EXPECT(lnorm_cpu_run(c4, &b, NULL) == LNORM_OK, "batch run");
+    for (int i = 0; i < NSEG; i++)
+        EXPECT(lnorm_test_check_segment(&segs[i], NULL, "batch") == 0, "batch seg %d vs reference", i);
+    /* Every row again, alone (single-row segment at a fresh address), on the
+     * caller's thread and on the 1-thread backend: same bits. */
+    long diff = 0;
+    for (int i = 0; i < NSEG; i++) {
+        const lnorm_segment *s = &segs[i];
+        size_t xs = lnorm_dtype_size(s->x_dtype), ys = lnorm_dtype_size(s->y_dtype);
+        size_t H = (size_t)s->hidden;
+        char *x = malloc(H * xs + 64), *y = malloc(H * ys + 64), *r = malloc(H * xs + 64), *ro = malloc(H * xs + 64);
+        for (int64_t row = 0; row < s->rows && x && y && r && ro; row += 1 + row % 5) {
+            size_t off = (size_t)(row % 7) * 2; /* misalign differently from the batch */
+            lnorm_segment one = *s;
+            one.rows = 1;
+            memcpy(x + off, (const char *)s->x + (size_t)(row * s->x_stride) * xs, H * xs);
+            one.x = x + off;
+            one.y = y + off;
+            if (s->residual) {
+                memcpy(r + off, (const char *)s->residual + (size_t)(row * s->res_stride) * xs, H * xs);
+                one.residual = r + off;
+                one.residual_out = ro + off;
+            }
+            float m = NAN, rs = NAN;
+            one.mean = s->mean ? &m : NULL;
+            one.rstd = &rs;
+            memset(y, 0xFF, H * ys + 64);
+            EXPECT(lnorm_cpu_run_segment(c1, &one, NULL) == LNORM_OK, "single run");
+            diff += memcmp(y + off, (const char *)s->y + (size_t)(row * s->y_stride) * ys, H * ys) != 0;
+            diff += memcmp(&rs, &s->rstd[row], 4) != 0;
+            if (s->mean)
+                diff += memcmp(&m, &s->mean[row], 4) != 0;
+            if (s->residual)
+                diff += memcmp(ro + off, (const char *)s->residual_out + (size_t)(row * s->res_out_stride) * xs,
+                               H * xs) != 0;
+        }
+        free(x);
+        free(y);
+        free(r);
+        free(ro);
+    }
+    EXPECT(diff == 0, "isa %s: %ld rows differ between a big multi-threaded batch and alone", isa, diff);
+    /* The whole batch once more on 1 thread: bit-identical to the 4-thread run. */
+    for (int i = 0; i < NSEG; i++) {
+        void *copy = malloc(tcs[i].y_bytes);
+        if (!copy)
+            continue;
+        memcpy(copy, tcs[i].y, tcs[i].y_bytes);
+        lnorm_test_case_repoison(&tcs[i]);
+        lnorm_batch one = {&segs[i], 1};
+        EXPECT(lnorm_cpu_run(c1, &one, NULL) == LNORM_OK, "1-thread run");
+        EXPECT(memcmp(copy, tcs[i].y, tcs[i].y_bytes) == 0, "isa %s seg %d: 1 thread != 4 threads", isa, i);
+        free(copy);
+    }
+    for (int i = 0; i < NSEG; i++)
+        lnorm_test_case_free(&tcs[i]);
+    lnorm_cpu_destroy(c1);
+    lnorm_cpu_destroy(c4);
+}
+
+typedef void per_isa_fn(lnorm_cpu *cpu, lnorm_rng *g);
+
+static const struct {
+    const char *name;
+    per_isa_fn *fn;
+} tests[] = {
+    {"f16_tiny", t_f16_tiny},     {"cancellation", t_cancellation}, {"constant_rows", t_constant},
+    {"eps_placement", t_eps_placement}, {"shared_params", t_shared_params}, {"nan_inf", t_nan_inf},
+    {"reject", t_reject},         {"rms_no_mean", t_rms_no_mean},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s NAME\n", argv[0]);
+        return 2;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 0xC0FFEEu ^ (uint64_t)strlen(argv[1]));
+    int found = 0, ran = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!strcmp(argv[1], "batch_invariance")) {
+            found = 1;
+            t_batch_invariance(isas[k], &g);
+            ran++;
+            continue;
+        }
+        for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) {
+            if (strcmp(argv[1], tests[t].name))
+                continue;
+            found = 1;
+            lnorm_cpu *cpu = cpu_for(isas[k], 2);
+            if (!cpu)
+                continue;
+            tests[t].fn(cpu, &g);
+            lnorm_cpu_destroy(cpu);
+            ran++;
+        }
+    }
+    if (!found) {
+        fprintf(stderr, "unknown test %s\n", argv[1]);
+        return 2;
+    }
+    printf("%s %s (%d isa runs, %d failures)\n", g_fails || !ran ? "FAIL" : "PASS", argv[1], ran, g_fails);
+    return g_fails || !ran;
+}
