@@ -1,0 +1,792 @@
+/* The load engine: see load.h. */
+#include "load.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "hist.h"
+#include "lnorm/types.h"
+#ifdef LNORM_BENCH_HAVE_LIB
+#include "lnorm/lnorm.h"
+#endif
+
+uint64_t lnorm__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *lnorm__ek_name(int k)
+{
+    static const char *codes[] = {"ok", "cancelled", "unknown", "invalid_argument",
+                                  "deadline_exceeded", "not_found", "already_exists",
+                                  "permission_denied", "resource_exhausted",
+                                  "failed_precondition", "aborted", "out_of_range",
+                                  "unimplemented", "internal", "unavailable", "data_loss",
+                                  "unauthenticated"};
+    if (k >= 0 && k <= 16)
+        return codes[k];
+    switch (k) {
+    case LNORM__EK_TIMEOUT: return "client_timeout";
+    case LNORM__EK_TRANSPORT: return "transport";
+    case LNORM__EK_ABORTED: return "aborted_at_stop";
+    case LNORM__EK_DECODE: return "bad_reply";
+    case LNORM__EK_VERIFY: return "verify_mismatch";
+    default: return "?";
+    }
+}
+
+typedef struct sample {
+    size_t tmpl;
+    void *y, *mean, *rstd, *res_out;
+    size_t y_len, mean_len, rstd_len, res_out_len;
+} sample;
+
+typedef struct run run;
+
+typedef struct slot {
+    run *r;
+    int idx;
+    int sending;
+    uint64_t t0;     /* intended start (open loop) or actual start */
+    size_t tmpl;
+    uint64_t rng;
+    nng_ctx ctx;
+    nng_aio *aio;
+    void *y, *res_out; /* client library outputs */
+    float *mean, *rstd;
+} slot;
+
+struct run {
+    const lnorm__runcfg *cfg;
+    const lnorm__work *w;
+    nng_socket sock;
+    int sock_open;
+#ifdef LNORM_BENCH_HAVE_LIB
+    lnorm_client *cli;
+#endif
+    slot *slots;
+    int nslots;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int *free_stack;
+    int nfree;
+    int active;
+    _Atomic int stop;
+    _Atomic uint64_t started;
+    uint64_t t_start, t_warm, t_end, t_hard;
+    lnorm__hist *hist;
+    /* under mu */
+    uint64_t ok, errors, err_by[LNORM__EK_N], rows, tx, rx, last_done;
+    uint64_t srv_n, srv_queue, srv_compute, srv_brows, srv_breqs;
+    sample *samples;
+    _Atomic unsigned nsamples;
+    uint64_t backlogged; /* scheduler thread only */
+};
+
+static void slot_start(slot *s, uint64_t t0);
+
+/* One request finished (kind 0 = success). */
+static void complete(slot *s, int kind, const lnorm__reply *rep, size_t tx, size_t rx)
+{
+    run *r = s->r;
+    uint64_t now = lnorm__now_ns();
+    int measured = s->t0 >= r->t_warm;
+    if (measured && kind == 0)
+        lnorm__hist_record(r->hist, now - s->t0);
+    pthread_mutex_lock(&r->mu);
+    if (measured) {
+        if (kind == 0) {
+            r->ok++;
+            r->rows += r->w->t[s->tmpl].sh.rows;
+            r->tx += tx;
+            r->rx += rx;
+            if (rep && rep->has_timings) {
+                r->srv_n++;
+                r->srv_queue += rep->queue_us;
+                r->srv_compute += rep->compute_us;
+                r->srv_brows += rep->batch_rows;
+                r->srv_breqs += rep->batch_requests;
+            }
+        } else {
+            r->errors++;
+            r->err_by[kind]++;
+        }
+        if (now > r->last_done)
+            r->last_done = now;
+    }
+    int again = 0;
+    if (!r->cfg->open_loop && !atomic_load(&r->stop) && now < r->t_end && kind != LNORM__EK_TRANSPORT)
+        again = 1;
+    if (!again) {
+        r->active--;
+        if (r->cfg->open_loop)
+            r->free_stack[r->nfree++] = s->idx;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (again)
+        slot_start(s, now);
+}
+
+static void *dup_bytes(const void *p, size_t n)
+{
+    if (!p || !n)
+        return NULL;
+    void *d = malloc(n);
+    if (d)
+        memcpy(d, p, n);
+    return d;
+}
+
+static void take_sample(slot *s, const void *y, size_t yl, const void *mean, size_t ml,
+                        const void *rstd, size_t rl, const void *ro, size_t rol)
+{
+    run *r = s->r;
+    if (r->cfg->target != LNORM__TARGET_LNORMD || s->t0 < r->t_warm)
+        return;
+    if (atomic_load_explicit(&r->nsamples, memory_order_relaxed) >= r->cfg->verify_n)
+        return;
+    unsigned i = atomic_fetch_add(&r->nsamples, 1);
+    if (i >= r->cfg->verify_n)
+        return;
+    sample *sm = &r->samples[i];
+    sm->tmpl = s->tmpl;
+    sm->y = dup_bytes(y, yl), sm->y_len = yl;
+    sm->mean = dup_bytes(mean, ml), sm->mean_len = ml;
+    sm->rstd = dup_bytes(rstd, rl), sm->rstd_len = rl;
+    sm->res_out = dup_bytes(ro, rol), sm->res_out_len = rol;
+}
+
+static int nng_kind(int rv)
+{
+    if (rv == NNG_ETIMEDOUT)
+        return LNORM__EK_TIMEOUT;
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+        return LNORM__EK_ABORTED;
+    return LNORM__EK_TRANSPORT;
+}
+
+/* ---- raw NNG driver -------------------------------------------------------- */
+
+static void raw_cb(void *arg)
+{
+    slot *s = arg;
+    run *r = s->r;
+    int rv = nng_aio_result(s->aio);
+    const lnorm__tmpl *t = &r->w->t[s->tmpl];
+    if (s->sending) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(s->aio));
+            complete(s, nng_kind(rv), NULL, 0, 0);
+            return;
+        }
+        s->sending = 0;
+        nng_aio_set_timeout(s->aio, r->cfg->timeout_ms);
+        nng_ctx_recv(s->ctx, s->aio);
+        return;
+    }
+    if (rv != 0) {
+        complete(s, nng_kind(rv), NULL, 0, 0);
+        return;
+    }
+    nng_msg *m = nng_aio_get_msg(s->aio);
+    size_t len = nng_msg_len(m);
+    const void *body = nng_msg_body(m);
+    int kind = 0;
+    lnorm__reply rep;
+    memset(&rep, 0, sizeof rep);
+    if (r->cfg->target == LNORM__TARGET_ECHO) {
+        if (len != t->msg_len)
+            kind = LNORM__EK_DECODE;
+    } else if (lnorm__reply_scan(body, len, &rep) != 0) {
+        kind = LNORM__EK_DECODE;
+    } else if (rep.code != 0) {
+        kind = rep.code > 0 && rep.code <= 16 ? rep.code : LNORM__EK_DECODE;
+    } else if (rep.y_len != t->y_bytes) {
+        kind = LNORM__EK_DECODE;
+    } else {
+        take_sample(s, rep.y, rep.y_len, rep.mean, rep.mean_len, rep.rstd, rep.rstd_len,
+                    rep.res_out, rep.res_out_len);
+    }
+    complete(s, kind, &rep, t->msg_len, len);
+    nng_msg_free(m);
+}
+
+static void raw_start(slot *s)
+{
+    run *r = s->r;
+    const lnorm__tmpl *t = &r->w->t[s->tmpl];
+    nng_msg *m;
+    if (nng_msg_alloc(&m, t->msg_len) != 0) {
+        complete(s, LNORM__EK_TRANSPORT, NULL, 0, 0);
+        return;
+    }
+    memcpy(nng_msg_body(m), t->msg, t->msg_len);
+    s->sending = 1;
+    nng_aio_set_msg(s->aio, m);
+    nng_aio_set_timeout(s->aio, r->cfg->timeout_ms);
+    nng_ctx_send(s->ctx, s->aio);
+}
+
+/* ---- client library driver ------------------------------------------------- */
+
+#ifdef LNORM_BENCH_HAVE_LIB
+static void lib_cb(void *arg, int err, const lnorm_result *res)
+{
+    slot *s = arg;
+    const lnorm__tmpl *t = &s->r->w->t[s->tmpl];
+    lnorm__reply rep;
+    memset(&rep, 0, sizeof rep);
+    int kind = 0;
+    if (err != LNORM_OK) {
+        if (res && res->status > 0 && res->status <= 16)
+            kind = res->status;
+        else if (err == LNORM_ETIMEDOUT)
+            kind = LNORM__EK_TIMEOUT;
+        else if (err == LNORM_ECLOSED || err == LNORM_ECANCELED)
+            kind = LNORM__EK_ABORTED;
+        else if (err == LNORM_EPROTO)
+            kind = LNORM__EK_DECODE;
+        else
+            kind = LNORM__EK_TRANSPORT;
+    } else {
+        if (res) {
+            rep.has_timings = 1;
+            /* a chunked call reports sums over its chunks: per-request means */
+            uint32_t ch = res->chunks ? res->chunks : 1;
+            rep.queue_us = res->queue_us / ch;
+            rep.compute_us = res->compute_us / ch;
+            rep.batch_rows = res->batch_rows;
+            rep.batch_requests = res->batch_requests;
+        }
+        int ln = t->sh.op == LNORM_OP_LAYERNORM;
+        size_t sb = s->r->w->wl.stats ? t->sh.rows * 4 : 0;
+        take_sample(s, s->y, t->y_bytes, ln ? s->mean : NULL, ln ? sb : 0, s->rstd, sb,
+                    t->residual ? s->res_out : NULL, t->residual ? t->x_bytes : 0);
+    }
+    complete(s, kind, &rep, t->msg_len, t->y_bytes + (s->r->w->wl.stats ? t->sh.rows * 8 : 0));
+}
+
+static void lib_start(slot *s)
+{
+    run *r = s->r;
+    const lnorm__tmpl *t = &r->w->t[s->tmpl];
+    lnorm_normalize_req q;
+    lnorm_normalize_req_init(&q, (lnorm_op)t->sh.op, (lnorm_dtype)t->sh.x_dtype, t->sh.rows,
+                             t->sh.hidden);
+    q.y_dtype = (lnorm_dtype)t->sh.y_dtype;
+    q.eps = r->w->wl.eps;
+    q.x = t->x;
+    q.y = s->y;
+    if (t->residual) {
+        q.residual = t->residual;
+        q.residual_out = s->res_out;
+    }
+    if (r->w->wl.params == LNORM__PARAMS_INLINE) {
+        q.param_dtype = LNORM_DTYPE_F32;
+        q.gamma = t->gamma;
+        q.beta = t->beta;
+    } else if (r->w->wl.params == LNORM__PARAMS_REGISTERED) {
+        q.params_id = t->params_id;
+    }
+    if (r->w->wl.stats) {
+        q.want_stats = 1;
+        q.rstd = s->rstd;
+        if (t->sh.op == LNORM_OP_LAYERNORM)
+            q.mean = s->mean;
+    }
+    q.timeout_ms = r->cfg->timeout_ms;
+    q.chunk_bytes = r->cfg->chunk_bytes;
+    if (lnorm_normalize_async(r->cli, &q, lib_cb, s) != LNORM_OK)
+        complete(s, LNORM__EK_TRANSPORT, NULL, 0, 0);
+}
+#endif
+
+static void slot_start(slot *s, uint64_t t0)
+{
+    run *r = s->r;
+    uint64_t n = atomic_fetch_add(&r->started, 1);
+    if (r->cfg->max_requests && n >= r->cfg->max_requests) {
+        atomic_fetch_sub(&r->started, 1);
+        pthread_mutex_lock(&r->mu);
+        r->active--;
+        if (r->cfg->open_loop)
+            r->free_stack[r->nfree++] = s->idx;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    s->rng ^= s->rng << 13;
+    s->rng ^= s->rng >> 7;
+    s->rng ^= s->rng << 17;
+    s->tmpl = lnorm__work_pick(r->w, s->rng);
+    s->t0 = t0;
+#ifdef LNORM_BENCH_HAVE_LIB
+    if (r->cfg->driver == LNORM__DRV_LIB) {
+        lib_start(s);
+        return;
+    }
+#endif
+    raw_start(s);
+}
+
+/* ---- setup and teardown ----------------------------------------------------- */
+
+static int open_raw(run *r, char *err, size_t errlen)
+{
+    int rv;
+    if ((rv = nng_req0_open(&r->sock)) != 0) {
+        snprintf(err, errlen, "nng_req0_open: %s", nng_strerror(rv));
+        return -1;
+    }
+    r->sock_open = 1;
+    nng_socket_set_ms(r->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_size(r->sock, NNG_OPT_RECVMAXSZ, 0);
+    nng_socket_set_ms(r->sock, NNG_OPT_RECONNMINT, 20);
+    if ((rv = nng_dial(r->sock, r->cfg->url, NULL, 0)) != 0) {
+        snprintf(err, errlen, "dial %s: %s", r->cfg->url, nng_strerror(rv));
+        return -1;
+    }
+    for (int i = 0; i < r->nslots; i++) {
+        slot *s = &r->slots[i];
+        if ((rv = nng_ctx_open(&s->ctx, r->sock)) != 0 ||
+            (rv = nng_aio_alloc(&s->aio, raw_cb, s)) != 0) {
+            snprintf(err, errlen, "nng ctx/aio: %s", nng_strerror(rv));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#ifdef LNORM_BENCH_HAVE_LIB
+static int open_lib(run *r, char *err, size_t errlen)
+{
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    o.send_timeout_ms = r->cfg->timeout_ms;
+    o.recv_timeout_ms = r->cfg->timeout_ms;
+    if (r->cfg->chunk_bytes)
+        o.chunk_bytes = r->cfg->chunk_bytes;
+    if (r->cfg->pipeline_depth)
+        o.pipeline_depth = r->cfg->pipeline_depth;
+    int rv = lnorm_client_open(&r->cli, &r->cfg->url, 1, &o);
+    if (rv != LNORM_OK) {
+        snprintf(err, errlen, "lnorm_client_open %s: %s", r->cfg->url, lnorm_strerror(rv));
+        r->cli = NULL;
+        return -1;
+    }
+    const lnorm__work *w = r->w;
+    if (w->max_y_bytes > ((size_t)2 << 30) / (size_t)r->nslots) {
+        snprintf(err, errlen, "%d requests in flight x %zu-byte outputs: too much memory",
+                 r->nslots, w->max_y_bytes);
+        return -1;
+    }
+    for (int i = 0; i < r->nslots; i++) {
+        slot *s = &r->slots[i];
+        s->y = malloc(w->max_y_bytes);
+        s->res_out = malloc(w->max_x_bytes);
+        s->mean = malloc(w->max_rows * 4);
+        s->rstd = malloc(w->max_rows * 4);
+        if (!s->y || !s->res_out || !s->mean || !s->rstd) {
+            snprintf(err, errlen, "out of memory for outputs");
+            return -1;
+        }
+    }
+    return 0;
+}
+#endif
+
+/* Close the transport: everything still in flight completes (aborted). */
+static void close_transport(run *r)
+{
+#ifdef LNORM_BENCH_HAVE_LIB
+    if (r->cli) {
+        lnorm_client_close(r->cli);
+        r->cli = NULL;
+    }
+#endif
+    if (r->sock_open) {
+        nng_close(r->sock);
+        r->sock_open = 0;
+    }
+}
+
+static void free_run(run *r)
+{
+    close_transport(r);
+    if (r->slots) {
+        for (int i = 0; i < r->nslots; i++) {
+            slot *s = &r->slots[i];
+            if (s->aio) {
+                nng_aio_stop(s->aio);
+                nng_aio_free(s->aio);
+            }
+            free(s->y);
+            free(s->res_out);
+            free(s->mean);
+            free(s->rstd);
+        }
+    }
+    if (r->samples) {
+        for (unsigned i = 0; i < r->cfg->verify_n; i++) {
+            free(r->samples[i].y);
+            free(r->samples[i].mean);
+            free(r->samples[i].rstd);
+            free(r->samples[i].res_out);
+        }
+    }
+    free(r->samples);
+    free(r->slots);
+    free(r->free_stack);
+    lnorm__hist_free(r->hist);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+static void fmt_ns(char *buf, size_t n, double ns)
+{
+    if (ns < 1e6)
+        snprintf(buf, n, "%.1f us", ns / 1e3);
+    else if (ns < 1e9)
+        snprintf(buf, n, "%.2f ms", ns / 1e6);
+    else
+        snprintf(buf, n, "%.2f s", ns / 1e9);
+}
+
+static void progress(run *r, uint64_t now)
+{
+    pthread_mutex_lock(&r->mu);
+    uint64_t ok = r->ok, errs = r->errors;
+    pthread_mutex_unlock(&r->mu);
+    double el = now > r->t_warm ? (double)(now - r->t_warm) / 1e9 : 0;
+    char p99[32];
+    fmt_ns(p99, sizeof p99, (double)lnorm__hist_quantile(r->hist, 0.99));
+    char load[32];
+    if (r->cfg->open_loop)
+        snprintf(load, sizeof load, "rate %.0f/s", r->cfg->rate);
+    else
+        snprintf(load, sizeof load, "c=%d", r->cfg->concurrency);
+    fprintf(stderr, "\r\033[K[%s %s] %s %.1fs  %.0f req/s  errors %llu  p99 %s", r->cfg->label,
+            load, now < r->t_warm ? "warm-up" : "measuring", el,
+            el > 0 ? (double)ok / el : 0.0, (unsigned long long)errs, p99);
+    fflush(stderr);
+}
+
+/* Wait until nothing is in flight, or the hard stop; then close. */
+static void drain(run *r)
+{
+    uint64_t last_progress = 0;
+    pthread_mutex_lock(&r->mu);
+    while (r->active > 0) {
+        uint64_t now = lnorm__now_ns();
+        if (now >= r->t_hard)
+            break;
+        if (r->cfg->progress && now - last_progress >= 250000000ull) {
+            pthread_mutex_unlock(&r->mu);
+            progress(r, now);
+            last_progress = now;
+            pthread_mutex_lock(&r->mu);
+        }
+        uint64_t until = r->t_hard < now + 250000000ull ? r->t_hard : now + 250000000ull;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t d = until - now;
+        ts.tv_sec += (time_t)(d / 1000000000ull);
+        ts.tv_nsec += (long)(d % 1000000000ull);
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    pthread_mutex_unlock(&r->mu);
+    atomic_store(&r->stop, 1);
+    close_transport(r); /* in-flight requests now complete as aborted */
+    /* give the aborted callbacks a moment to run (they do at once) */
+    uint64_t limit = lnorm__now_ns() + 2000000000ull;
+    pthread_mutex_lock(&r->mu);
+    while (r->active > 0 && lnorm__now_ns() < limit) {
+        pthread_mutex_unlock(&r->mu);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (r->cfg->progress)
+        fprintf(stderr, "\r\033[K");
+}
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+static void open_loop(run *r)
+{
+    const lnorm__runcfg *c = r->cfg;
+    uint64_t next = r->t_start;
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    uint64_t last_progress = lnorm__now_ns();
+    double gap_ns = 1e9 / c->rate;
+    while (!atomic_load(&r->stop) && next < r->t_end) {
+        if (c->max_requests && atomic_load(&r->started) >= c->max_requests)
+            break;
+        uint64_t now = lnorm__now_ns();
+        if (c->progress && now - last_progress >= 250000000ull) {
+            progress(r, now);
+            last_progress = now;
+        }
+        if (next > now) {
+            uint64_t wake = next - now > 250000000ull ? now + 250000000ull : next;
+            sleep_until(wake);
+            continue;
+        }
+        pthread_mutex_lock(&r->mu);
+        int waited = 0;
+        while (r->nfree == 0 && lnorm__now_ns() < r->t_hard) {
+            waited = 1;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50000000L;
+            if (ts.tv_nsec >= 1000000000L)
+                ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        }
+        if (r->nfree == 0) {
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        slot *s = &r->slots[r->free_stack[--r->nfree]];
+        r->active++;
+        pthread_mutex_unlock(&r->mu);
+        if (waited && next >= r->t_warm)
+            r->backlogged++;
+        slot_start(s, next);
+        if (c->poisson) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            double u = ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
+            next += (uint64_t)(-log(u) * gap_ns);
+        } else {
+            next = r->t_start + (uint64_t)((double)(atomic_load(&r->started)) * gap_ns);
+        }
+    }
+}
+
+static void verify_samples(run *r, lnorm__runres *res)
+{
+    unsigned n = atomic_load(&r->nsamples);
+    if (n > r->cfg->verify_n)
+        n = r->cfg->verify_n;
+    for (unsigned i = 0; i < n; i++) {
+        sample *sm = &r->samples[i];
+        char why[200];
+        res->verified++;
+        if (lnorm__verify(r->w, &r->w->t[sm->tmpl], sm->y, sm->y_len, sm->mean, sm->mean_len,
+                          sm->rstd, sm->rstd_len, sm->res_out, sm->res_out_len, why,
+                          sizeof why) != 0) {
+            res->mismatches++;
+            if (!res->first_mismatch[0])
+                snprintf(res->first_mismatch, sizeof res->first_mismatch, "%s", why);
+        }
+    }
+    /* a mismatch is an error of that request */
+    res->errors += res->mismatches;
+    res->err_by[LNORM__EK_VERIFY] += res->mismatches;
+    res->ok -= res->mismatches < res->ok ? res->mismatches : res->ok;
+}
+
+int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *res)
+{
+    memset(res, 0, sizeof(*res));
+    snprintf(res->label, sizeof res->label, "%s", cfg->label);
+    snprintf(res->driver, sizeof res->driver, "%s", cfg->driver == LNORM__DRV_LIB ? "lib" : "raw");
+    res->open_loop = cfg->open_loop;
+    res->concurrency = cfg->concurrency;
+    res->rate = cfg->rate;
+    run r;
+    memset(&r, 0, sizeof r);
+    r.cfg = cfg;
+    r.w = w;
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    r.nslots = cfg->concurrency > 0 ? cfg->concurrency : 1;
+    r.slots = calloc((size_t)r.nslots, sizeof(slot));
+    r.free_stack = calloc((size_t)r.nslots, sizeof(int));
+    r.samples = calloc(cfg->verify_n ? cfg->verify_n : 1, sizeof(sample));
+    r.hist = lnorm__hist_new();
+    if (!r.slots || !r.free_stack || !r.samples || !r.hist) {
+        snprintf(res->error, sizeof res->error, "out of memory");
+        free_run(&r);
+        return -1;
+    }
+    for (int i = 0; i < r.nslots; i++) {
+        r.slots[i].r = &r;
+        r.slots[i].idx = i;
+        r.slots[i].rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) | 1u;
+        r.free_stack[i] = r.nslots - 1 - i;
+    }
+    r.nfree = r.nslots;
+    int rc;
+#ifdef LNORM_BENCH_HAVE_LIB
+    if (cfg->driver == LNORM__DRV_LIB)
+        rc = open_lib(&r, res->error, sizeof res->error);
+    else
+#endif
+        rc = open_raw(&r, res->error, sizeof res->error);
+    if (rc != 0) {
+        free_run(&r);
+        return -1;
+    }
+
+    double total_s = cfg->warmup_s + cfg->duration_s;
+    r.t_start = lnorm__now_ns();
+    r.t_warm = r.t_start + (uint64_t)(cfg->warmup_s * 1e9);
+    r.t_end = r.t_start + (uint64_t)(total_s * 1e9);
+    r.t_hard = r.t_end + (uint64_t)(cfg->grace_s * 1e9);
+
+    if (cfg->open_loop) {
+        open_loop(&r);
+    } else {
+        pthread_mutex_lock(&r.mu);
+        r.active = r.nslots;
+        r.nfree = 0;
+        pthread_mutex_unlock(&r.mu);
+        for (int i = 0; i < r.nslots; i++)
+            slot_start(&r.slots[i], lnorm__now_ns());
+    }
+    drain(&r);
+
+    /* gather */
+    pthread_mutex_lock(&r.mu);
+    res->ok = r.ok;
+    res->errors = r.errors;
+    memcpy(res->err_by, r.err_by, sizeof r.err_by);
+    res->rows = r.rows;
+    res->tx_bytes = r.tx;
+    res->rx_bytes = r.rx;
+    uint64_t last = r.last_done;
+    res->srv_n = r.srv_n;
+    if (r.srv_n) {
+        res->srv_queue_us = (double)r.srv_queue / (double)r.srv_n;
+        res->srv_compute_us = (double)r.srv_compute / (double)r.srv_n;
+        res->batch_rows = (double)r.srv_brows / (double)r.srv_n;
+        res->batch_requests = (double)r.srv_breqs / (double)r.srv_n;
+    }
+    res->backlogged = r.backlogged;
+    /* requests never answered (still in flight at the hard stop) */
+    pthread_mutex_unlock(&r.mu);
+    res->started = atomic_load(&r.started);
+    res->elapsed_s = last > r.t_warm ? (double)(last - r.t_warm) / 1e9 : 0;
+    if (cfg->open_loop && cfg->duration_s > 0 && res->elapsed_s < cfg->duration_s * 0.5)
+        res->elapsed_s = cfg->duration_s; /* nearly nothing answered: don't inflate rates */
+    verify_samples(&r, res);
+    if (res->elapsed_s > 0) {
+        res->rps = (double)res->ok / res->elapsed_s;
+        res->rows_ps = (double)res->rows / res->elapsed_s;
+        res->gbps = (double)(res->tx_bytes + res->rx_bytes) / res->elapsed_s / 1e9;
+    }
+    lnorm__hist *h = r.hist;
+    res->min_ns = lnorm__hist_quantile(h, 0);
+    res->p50_ns = lnorm__hist_quantile(h, 0.5);
+    res->p90_ns = lnorm__hist_quantile(h, 0.9);
+    res->p99_ns = lnorm__hist_quantile(h, 0.99);
+    res->p999_ns = lnorm__hist_quantile(h, 0.999);
+    res->max_ns = lnorm__hist_quantile(h, 1);
+    res->mean_ns = lnorm__hist_mean(h);
+    for (int k = 0; k < LNORM__SPECTRUM_N; k++)
+        res->spectrum_ns[k] = (double)lnorm__hist_quantile(h, 1.0 - pow(10.0, -k / 10.0));
+    free_run(&r);
+    return 0;
+}
+
+/* ---- registered params over raw NNG ----------------------------------------- */
+
+static int call_raw(nng_socket s, const void *buf, size_t len, int *code, char *err, size_t errlen)
+{
+    int rv;
+    nng_msg *m;
+    if ((rv = nng_msg_alloc(&m, len)) != 0) {
+        snprintf(err, errlen, "%s", nng_strerror(rv));
+        return -1;
+    }
+    memcpy(nng_msg_body(m), buf, len);
+    if ((rv = nng_sendmsg(s, m, 0)) != 0) {
+        nng_msg_free(m);
+        snprintf(err, errlen, "send: %s", nng_strerror(rv));
+        return -1;
+    }
+    if ((rv = nng_recvmsg(s, &m, 0)) != 0) {
+        snprintf(err, errlen, "recv: %s", nng_strerror(rv));
+        return -1;
+    }
+    lnorm__reply rep;
+    rv = lnorm__reply_scan(nng_msg_body(m), nng_msg_len(m), &rep);
+    nng_msg_free(m);
+    if (rv != 0) {
+        snprintf(err, errlen, "malformed reply");
+        return -1;
+    }
+    *code = rep.code;
+    return 0;
+}
+
+int lnorm__params_setup(const char *url, const lnorm__work *w, int drop, char *err, size_t errlen)
+{
+    if (w->wl.params != LNORM__PARAMS_REGISTERED)
+        return 0;
+    nng_socket s;
+    int rv;
+    if ((rv = nng_req0_open(&s)) != 0) {
+        snprintf(err, errlen, "nng_req0_open: %s", nng_strerror(rv));
+        return -1;
+    }
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0);
+    if ((rv = nng_dial(s, url, NULL, 0)) != 0) {
+        snprintf(err, errlen, "dial %s: %s", url, nng_strerror(rv));
+        nng_close(s);
+        return -1;
+    }
+    int result = 0;
+    for (size_t i = 0; i < w->nt && result == 0; i++) {
+        const lnorm__tmpl *t = &w->t[i];
+        int seen = 0; /* one call per distinct id */
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(w->t[j].params_id, t->params_id))
+                seen = 1;
+        if (seen)
+            continue;
+        void *buf;
+        size_t len;
+        int code = 0;
+        if ((drop ? lnorm__encode_drop(t->params_id, &buf, &len) : lnorm__encode_register(t, &buf, &len)) != 0) {
+            snprintf(err, errlen, "out of memory");
+            result = -1;
+            break;
+        }
+        if (call_raw(s, buf, len, &code, err, errlen) != 0) {
+            result = -1;
+        } else if (code != 0) {
+            snprintf(err, errlen, "%s params '%s': status %s", drop ? "drop" : "register",
+                     t->params_id, lnorm__ek_name(code));
+            result = -1;
+        }
+        free(buf);
+    }
+    nng_close(s);
+    return result;
+}

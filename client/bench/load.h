@@ -1,0 +1,88 @@
+/*
+ * The load engine of lnorm-bench: one measured run (one concurrency or one
+ * offered rate) against one target, closed or open loop, over raw NNG
+ * (req0 contexts, one per request in flight) or over the client library's
+ * asynchronous API. Every run stops by itself: at the duration or request
+ * bound, each request has a timeout, and at duration + grace the socket is
+ * closed, which ends whatever is still in flight.
+ */
+#ifndef LNORM_BENCH_LOAD_H
+#define LNORM_BENCH_LOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "work.h"
+
+enum { LNORM__TARGET_LNORMD = 0, LNORM__TARGET_ECHO = 1 };
+enum { LNORM__DRV_RAW = 0, LNORM__DRV_LIB = 1 };
+
+/* Error kinds: wire codes 1..16 as themselves, then the client's own. */
+enum {
+    LNORM__EK_TIMEOUT = 17,   /* no reply within the request timeout */
+    LNORM__EK_TRANSPORT = 18, /* NNG or client library failure */
+    LNORM__EK_ABORTED = 19,   /* still in flight at the hard stop */
+    LNORM__EK_DECODE = 20,    /* malformed or mis-sized reply */
+    LNORM__EK_VERIFY = 21,    /* reply differs from the reference */
+    LNORM__EK_N = 22
+};
+const char *lnorm__ek_name(int k);
+
+/* Points of the latency spectrum kept per run: quantile 1 - 10^(-k/10),
+ * k = 0..LNORM__SPECTRUM_N-1 (0 .. 99.999%). */
+#define LNORM__SPECTRUM_N 51
+
+typedef struct lnorm__runcfg {
+    const char *url;
+    const char *label;      /* "lnormd" or "echo" */
+    int target;             /* LNORM__TARGET_* */
+    int driver;             /* LNORM__DRV_* */
+    int open_loop;
+    int concurrency;        /* closed: requests in flight; open: the most in flight */
+    double rate;            /* open loop: requests/s offered */
+    int poisson;            /* open loop: exponential gaps (else constant) */
+    double duration_s;      /* measured time (after warm-up); 0: none */
+    double warmup_s;
+    double grace_s;         /* after the end, wait this long for replies */
+    uint64_t max_requests;  /* 0: none */
+    int timeout_ms;         /* per request */
+    unsigned verify_n;      /* replies to check against the reference */
+    int progress;           /* live line on stderr */
+    size_t chunk_bytes;     /* client library: chunk size (0: its default) */
+    int pipeline_depth;     /* client library: chunks in flight (0: default) */
+} lnorm__runcfg;
+
+typedef struct lnorm__runres {
+    char label[32];
+    char driver[8];
+    int open_loop;
+    int concurrency;
+    double rate;
+    double elapsed_s;
+    uint64_t started, ok, errors;
+    uint64_t err_by[LNORM__EK_N];
+    uint64_t rows, tx_bytes, rx_bytes;
+    double rps, rows_ps, gbps;
+    uint64_t min_ns, p50_ns, p90_ns, p99_ns, p999_ns, max_ns;
+    double mean_ns;
+    double spectrum_ns[LNORM__SPECTRUM_N];
+    uint64_t srv_n;
+    double srv_queue_us, srv_compute_us, batch_rows, batch_requests; /* means */
+    uint64_t verified, mismatches;
+    char first_mismatch[200];
+    uint64_t backlogged;    /* open loop: sends delayed by the in-flight limit */
+    char error[200];        /* set when the run could not start */
+} lnorm__runres;
+
+/* Run one measurement. Returns 0 (then res is filled, errors counted in
+ * it) or -1 if the run could not start (res->error says why). */
+int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *res);
+
+/* Register (or drop, with drop != 0) every template's params on the target
+ * at url over raw NNG. Returns 0 or -1 with a message in err. */
+int lnorm__params_setup(const char *url, const lnorm__work *w, int drop, char *err, size_t errlen);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t lnorm__now_ns(void);
+
+#endif /* LNORM_BENCH_LOAD_H */

@@ -1,0 +1,462 @@
+/* Request templates, reply scanning and the f64 reference: see work.h. */
+#include "work.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "half.h"
+#include "lnorm.pb-c.h"
+#include "lnorm/types.h"
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double unif(uint64_t *s)
+{
+    return ((double)(splitmix(s) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* Approximately normal: sum of 4 uniforms, centred and scaled. */
+static double gauss(uint64_t *s)
+{
+    return (unif(s) + unif(s) + unif(s) + unif(s) - 2.0) * 1.7320508;
+}
+
+static float load_el(const void *p, int dt, size_t i)
+{
+    if (dt == LNORM_DTYPE_F32) {
+        float f;
+        memcpy(&f, (const char *)p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)p + 2 * i, 2);
+    return dt == LNORM_DTYPE_F16 ? lnorm_f16_to_f32(h) : lnorm_bf16_to_f32(h);
+}
+
+static void store_el(void *p, int dt, size_t i, float v)
+{
+    if (dt == LNORM_DTYPE_F32) {
+        memcpy((char *)p + 4 * i, &v, 4);
+        return;
+    }
+    uint16_t h = dt == LNORM_DTYPE_F16 ? lnorm_f32_to_f16(v) : lnorm_f32_to_bf16(v);
+    memcpy((char *)p + 2 * i, &h, 2);
+}
+
+static float round_to(int dt, float v)
+{
+    if (dt == LNORM_DTYPE_F16)
+        return lnorm_f16_to_f32(lnorm_f32_to_f16(v));
+    if (dt == LNORM_DTYPE_BF16)
+        return lnorm_bf16_to_f32(lnorm_f32_to_bf16(v));
+    return v;
+}
+
+static int encode_normalize(const lnorm__work *w, lnorm__tmpl *t)
+{
+    Lnorm__V1__Request rq = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__NormalizeRequest nr = LNORM__V1__NORMALIZE_REQUEST__INIT;
+    Lnorm__V1__Affine af = LNORM__V1__AFFINE__INIT;
+    nr.op = (Lnorm__V1__Op)t->sh.op;
+    nr.x_dtype = (Lnorm__V1__DType)t->sh.x_dtype;
+    nr.y_dtype = (Lnorm__V1__DType)t->sh.y_dtype;
+    nr.rows = t->sh.rows;
+    nr.hidden = t->sh.hidden;
+    nr.eps_present_case = LNORM__V1__NORMALIZE_REQUEST__EPS_PRESENT_EPS;
+    nr.eps = w->wl.eps;
+    nr.x.data = t->x;
+    nr.x.len = t->x_bytes;
+    if (t->residual) {
+        nr.residual.data = t->residual;
+        nr.residual.len = t->x_bytes;
+    }
+    nr.want_stats = w->wl.stats != 0;
+    if (w->wl.params == LNORM__PARAMS_INLINE) {
+        af.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+        af.gamma.data = (uint8_t *)t->gamma;
+        af.gamma.len = t->sh.hidden * 4;
+        af.beta.data = (uint8_t *)t->beta;
+        af.beta.len = t->sh.hidden * 4;
+        nr.affine = &af;
+    } else if (w->wl.params == LNORM__PARAMS_REGISTERED) {
+        af.params_id = t->params_id;
+        nr.affine = &af;
+    }
+    rq.body_case = LNORM__V1__REQUEST__BODY_NORMALIZE;
+    rq.normalize = &nr;
+    t->msg_len = lnorm__v1__request__get_packed_size(&rq);
+    t->msg = malloc(t->msg_len ? t->msg_len : 1);
+    if (!t->msg)
+        return -1;
+    lnorm__v1__request__pack(&rq, t->msg);
+    return 0;
+}
+
+static int build_one(lnorm__work *w, lnorm__tmpl *t, const lnorm__shape *sh, uint64_t *rng,
+                     const char *prefix)
+{
+    t->sh = *sh;
+    if (t->sh.y_dtype == LNORM_DTYPE_NONE)
+        t->sh.y_dtype = t->sh.x_dtype;
+    uint64_t n = sh->rows * sh->hidden;
+    t->x_bytes = n * lnorm_dtype_size(sh->x_dtype);
+    t->y_bytes = n * lnorm_dtype_size(t->sh.y_dtype);
+    t->x = malloc(t->x_bytes);
+    if (!t->x)
+        return -1;
+    for (uint64_t r = 0; r < sh->rows; r++) {
+        double mu = 4.0 * unif(rng) - 2.0, sd = 0.5 + 1.5 * unif(rng);
+        for (uint64_t c = 0; c < sh->hidden; c++)
+            store_el(t->x, sh->x_dtype, r * sh->hidden + c, (float)(mu + sd * gauss(rng)));
+    }
+    if (w->wl.residual) {
+        t->residual = malloc(t->x_bytes);
+        if (!t->residual)
+            return -1;
+        for (uint64_t i = 0; i < n; i++)
+            store_el(t->residual, sh->x_dtype, i, (float)(0.5 * gauss(rng)));
+    }
+    if (w->wl.params != LNORM__PARAMS_NONE) {
+        /* the same parameters for every template of one hidden size */
+        uint64_t ps = 0x5eedull ^ (sh->hidden * 0x100000001b3ull);
+        t->gamma = malloc(sh->hidden * 4);
+        t->beta = malloc(sh->hidden * 4);
+        if (!t->gamma || !t->beta)
+            return -1;
+        for (uint64_t c = 0; c < sh->hidden; c++) {
+            t->gamma[c] = (float)(1.0 + 0.2 * gauss(&ps));
+            t->beta[c] = (float)(0.1 * gauss(&ps));
+        }
+        if (w->wl.params == LNORM__PARAMS_REGISTERED)
+            snprintf(t->params_id, sizeof t->params_id, "%s.%llu", prefix,
+                     (unsigned long long)sh->hidden);
+    }
+    return encode_normalize(w, t);
+}
+
+int lnorm__work_build(const lnorm__wl *wl, const char *params_prefix, lnorm__work **out)
+{
+    lnorm__work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -1;
+    w->wl = *wl;
+    if (w->wl.variants < 1)
+        w->wl.variants = 1;
+    w->nt = wl->mix.n * w->wl.variants;
+    w->t = calloc(w->nt ? w->nt : 1, sizeof(*w->t));
+    if (!w->t) {
+        free(w);
+        return -1;
+    }
+    uint64_t rng = wl->seed ? wl->seed : 42;
+    for (size_t s = 0; s < wl->mix.n; s++) {
+        for (unsigned v = 0; v < w->wl.variants; v++) {
+            lnorm__tmpl *t = &w->t[s * w->wl.variants + v];
+            t->shape_idx = s;
+            if (build_one(w, t, &wl->mix.shapes[s], &rng, params_prefix)) {
+                lnorm__work_free(w);
+                return -1;
+            }
+            if (t->y_bytes > w->max_y_bytes)
+                w->max_y_bytes = t->y_bytes;
+            if (t->x_bytes > w->max_x_bytes)
+                w->max_x_bytes = t->x_bytes;
+            if (t->sh.rows > w->max_rows)
+                w->max_rows = t->sh.rows;
+        }
+    }
+    *out = w;
+    return 0;
+}
+
+void lnorm__work_free(lnorm__work *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->nt; i++) {
+        free(w->t[i].x);
+        free(w->t[i].residual);
+        free(w->t[i].gamma);
+        free(w->t[i].beta);
+        free(w->t[i].msg);
+    }
+    free(w->t);
+    free(w);
+}
+
+size_t lnorm__work_pick(const lnorm__work *w, uint64_t r)
+{
+    size_t s = lnorm__mix_pick(&w->wl.mix, (unsigned)(r % w->wl.mix.total_weight));
+    size_t v = (size_t)((r >> 32) % w->wl.variants);
+    return s * w->wl.variants + v;
+}
+
+int lnorm__encode_register(const lnorm__tmpl *t, void **buf, size_t *len)
+{
+    Lnorm__V1__Request rq = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__RegisterParamsRequest rp = LNORM__V1__REGISTER_PARAMS_REQUEST__INIT;
+    rp.params_id = (char *)t->params_id;
+    rp.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+    rp.hidden = t->sh.hidden;
+    rp.gamma.data = (uint8_t *)t->gamma;
+    rp.gamma.len = t->sh.hidden * 4;
+    rp.beta.data = (uint8_t *)t->beta;
+    rp.beta.len = t->sh.hidden * 4;
+    rq.body_case = LNORM__V1__REQUEST__BODY_REGISTER_PARAMS;
+    rq.register_params = &rp;
+    *len = lnorm__v1__request__get_packed_size(&rq);
+    *buf = malloc(*len);
+    if (!*buf)
+        return -1;
+    lnorm__v1__request__pack(&rq, *buf);
+    return 0;
+}
+
+int lnorm__encode_drop(const char *id, void **buf, size_t *len)
+{
+    Lnorm__V1__Request rq = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__DropParamsRequest dp = LNORM__V1__DROP_PARAMS_REQUEST__INIT;
+    dp.params_id = (char *)id;
+    rq.body_case = LNORM__V1__REQUEST__BODY_DROP_PARAMS;
+    rq.drop_params = &dp;
+    *len = lnorm__v1__request__get_packed_size(&rq);
+    *buf = malloc(*len);
+    if (!*buf)
+        return -1;
+    lnorm__v1__request__pack(&rq, *buf);
+    return 0;
+}
+
+/* ---- a minimal protobuf wire reader (only what a reply needs) ---------- */
+
+typedef struct rd {
+    const uint8_t *p, *end;
+} rd;
+
+static int rd_varint(rd *r, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned sh = 0; sh < 64; sh += 7) {
+        if (r->p >= r->end)
+            return -1;
+        uint8_t b = *r->p++;
+        x |= (uint64_t)(b & 0x7f) << sh;
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Next field: number, wire type, and for length-delimited fields the
+ * payload; other types are consumed (their varint value in *v). */
+static int rd_field(rd *r, uint32_t *num, unsigned *wt, const uint8_t **data, size_t *len,
+                    uint64_t *v)
+{
+    uint64_t key;
+    if (rd_varint(r, &key))
+        return -1;
+    *num = (uint32_t)(key >> 3);
+    *wt = (unsigned)(key & 7);
+    switch (*wt) {
+    case 0:
+        return rd_varint(r, v);
+    case 1:
+        if (r->end - r->p < 8)
+            return -1;
+        r->p += 8;
+        return 0;
+    case 5:
+        if (r->end - r->p < 4)
+            return -1;
+        r->p += 4;
+        return 0;
+    case 2: {
+        uint64_t l;
+        if (rd_varint(r, &l) || l > (uint64_t)(r->end - r->p))
+            return -1;
+        *data = r->p;
+        *len = (size_t)l;
+        r->p += l;
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+int lnorm__reply_scan(const void *buf, size_t len, lnorm__reply *out)
+{
+    memset(out, 0, sizeof(*out));
+    rd r = {buf, (const uint8_t *)buf + len};
+    while (r.p < r.end) {
+        uint32_t num;
+        unsigned wt;
+        const uint8_t *d = NULL;
+        size_t l = 0;
+        uint64_t v = 0;
+        if (rd_field(&r, &num, &wt, &d, &l, &v))
+            return -1;
+        if (wt != 2)
+            continue;
+        rd s = {d, d + l};
+        if (num == 2) { /* Status */
+            while (s.p < s.end) {
+                uint32_t n2;
+                unsigned w2;
+                const uint8_t *d2;
+                size_t l2;
+                uint64_t v2 = 0;
+                if (rd_field(&s, &n2, &w2, &d2, &l2, &v2))
+                    return -1;
+                if (n2 == 1 && w2 == 0)
+                    out->code = (int)v2;
+            }
+        } else if (num == 3) { /* Timings */
+            out->has_timings = 1;
+            while (s.p < s.end) {
+                uint32_t n2;
+                unsigned w2;
+                const uint8_t *d2;
+                size_t l2;
+                uint64_t v2 = 0;
+                if (rd_field(&s, &n2, &w2, &d2, &l2, &v2))
+                    return -1;
+                if (w2 != 0)
+                    continue;
+                if (n2 == 1)
+                    out->queue_us = v2;
+                else if (n2 == 2)
+                    out->compute_us = v2;
+                else if (n2 == 3)
+                    out->batch_rows = (uint32_t)v2;
+                else if (n2 == 4)
+                    out->batch_requests = (uint32_t)v2;
+            }
+        } else if (num == 10) { /* NormalizeResponse */
+            while (s.p < s.end) {
+                uint32_t n2;
+                unsigned w2;
+                const uint8_t *d2 = NULL;
+                size_t l2 = 0;
+                uint64_t v2;
+                if (rd_field(&s, &n2, &w2, &d2, &l2, &v2))
+                    return -1;
+                if (w2 != 2)
+                    continue;
+                if (n2 == 1)
+                    out->y = d2, out->y_len = l2;
+                else if (n2 == 2)
+                    out->mean = d2, out->mean_len = l2;
+                else if (n2 == 3)
+                    out->rstd = d2, out->rstd_len = l2;
+                else if (n2 == 4)
+                    out->res_out = d2, out->res_out_len = l2;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- the f64 reference -------------------------------------------------- */
+
+static double tol_for(int dt, uint64_t hidden)
+{
+    double grow = 1.0 + (double)hidden / 65536.0; /* fp32 sums over long rows */
+    return dt == LNORM_DTYPE_BF16 ? 1.6e-2 * grow : dt == LNORM_DTYPE_F16 ? 2e-3 * grow : 2e-4 * grow;
+}
+
+int lnorm__verify(const lnorm__work *w, const lnorm__tmpl *t, const void *y, size_t y_len,
+                  const void *mean, size_t mean_len, const void *rstd, size_t rstd_len,
+                  const void *res_out, size_t res_out_len, char *why, size_t whylen)
+{
+    const lnorm__shape *sh = &t->sh;
+    uint64_t H = sh->hidden;
+    int is_ln = sh->op == LNORM_OP_LAYERNORM;
+    if (y_len != t->y_bytes) {
+        snprintf(why, whylen, "y is %zu bytes, want %zu", y_len, t->y_bytes);
+        return -1;
+    }
+    if (w->wl.stats) {
+        if (rstd_len != sh->rows * 4 || (is_ln && mean_len != sh->rows * 4) ||
+            (!is_ln && mean_len != 0)) {
+            snprintf(why, whylen, "stats sizes mean %zu rstd %zu for %llu rows", mean_len, rstd_len,
+                     (unsigned long long)sh->rows);
+            return -1;
+        }
+    }
+    if (t->residual && res_out_len != t->x_bytes) {
+        snprintf(why, whylen, "residual_out is %zu bytes, want %zu", res_out_len, t->x_bytes);
+        return -1;
+    }
+    double *h = malloc(H * sizeof(double));
+    if (!h) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
+    double tol = tol_for(sh->y_dtype, H), stol = tol_for(LNORM_DTYPE_F32, H);
+    int rc = 0;
+    for (uint64_t r = 0; r < sh->rows && rc == 0; r++) {
+        size_t base = r * H;
+        for (uint64_t c = 0; c < H; c++) {
+            float xv = load_el(t->x, sh->x_dtype, base + c);
+            if (t->residual) {
+                float hv = round_to(sh->x_dtype, xv + load_el(t->residual, sh->x_dtype, base + c));
+                float got = load_el(res_out, sh->x_dtype, base + c);
+                if (memcmp(&hv, &got, 4) != 0 && !(hv == got)) {
+                    snprintf(why, whylen, "residual_out[%llu,%llu] = %g, want %g",
+                             (unsigned long long)r, (unsigned long long)c, got, hv);
+                    rc = -1;
+                    break;
+                }
+                xv = hv;
+            }
+            h[c] = xv;
+        }
+        if (rc)
+            break;
+        double mu = 0, var = 0;
+        if (is_ln) {
+            for (uint64_t c = 0; c < H; c++)
+                mu += h[c];
+            mu /= (double)H;
+        }
+        for (uint64_t c = 0; c < H; c++)
+            var += (h[c] - mu) * (h[c] - mu);
+        var /= (double)H;
+        double rs = w->wl.eps > 0 ? 1.0 / sqrt(var + w->wl.eps) : 1.0 / sqrt(var);
+        for (uint64_t c = 0; c < H; c++) {
+            double g = t->gamma ? t->gamma[c] : 1.0, b = t->beta ? t->beta[c] : 0.0;
+            double ref = (h[c] - mu) * rs * g + b;
+            double got = load_el(y, sh->y_dtype, base + c);
+            if (!(fabs(got - ref) <= tol * (1.0 + fabs(ref)))) {
+                snprintf(why, whylen, "y[%llu,%llu] = %.7g, reference %.7g (tol %.2g)",
+                         (unsigned long long)r, (unsigned long long)c, got, ref, tol);
+                rc = -1;
+                break;
+            }
+        }
+        if (rc == 0 && w->wl.stats) {
+            float gr, gm = 0;
+            memcpy(&gr, (const char *)rstd + 4 * r, 4);
+            if (is_ln)
+                memcpy(&gm, (const char *)mean + 4 * r, 4);
+            if (!(fabs(gr - rs) <= stol * rs) || (is_ln && !(fabs(gm - mu) <= stol * (1 + fabs(mu))))) {
+                snprintf(why, whylen, "row %llu stats mean %g rstd %g, reference %g %g",
+                         (unsigned long long)r, gm, gr, mu, rs);
+                rc = -1;
+            }
+        }
+    }
+    free(h);
+    return rc;
+}

@@ -1,0 +1,616 @@
+/*
+ * lnorm: command-line client of lnormd.
+ *
+ *   lnorm normalize --in x.npy --out y.npy [options]
+ *   lnorm health | info | register | drop
+ *
+ * Exit status: 0 success, 1 the request failed, 2 bad usage or bad input.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "half.h"
+#include "lnorm/lnorm.h"
+#include "npy.h"
+
+#define DEFAULT_URL "tcp://127.0.0.1:5555"
+
+static const char *usage_main =
+    "usage: lnorm COMMAND [options]\n"
+    "\n"
+    "Commands:\n"
+    "  normalize   LayerNorm / RMSNorm a .npy tensor through lnormd\n"
+    "  health      ask whether the server is serving\n"
+    "  info        print the server's version, backends, devices and limits\n"
+    "  register    register gamma/beta under an id\n"
+    "  drop        drop registered parameters\n"
+    "\n"
+    "Every command takes --url URL (repeatable; default $LNORM_URL or " DEFAULT_URL ")\n"
+    "and --timeout-ms MS. 'lnorm COMMAND --help' describes a command.\n"
+    "  --version   print the version\n";
+
+static const char *usage_normalize =
+    "usage: lnorm normalize --in x.npy --out y.npy [options]\n"
+    "  --in FILE          input, .npy float32 ('<f4') or float16 ('<f2'), 1-D or 2-D\n"
+    "  --out FILE         output, .npy of the same shape and dtype as the input\n"
+    "  --op ln|rms        LayerNorm (default) or RMSNorm\n"
+    "  --eps E            epsilon, > 0 (default 1e-5)\n"
+    "  --eps-outside      rstd = 1/(sqrt(var)+eps) instead of 1/sqrt(var+eps)\n"
+    "  --gamma FILE       1-D .npy of hidden elements\n"
+    "  --beta FILE        1-D .npy of hidden elements\n"
+    "  --params-id ID     use parameters registered under ID (not with --gamma/--beta)\n"
+    "  --residual FILE    add this tensor (same shape/dtype) first; needs --residual-out\n"
+    "  --residual-out F   where x + residual goes\n"
+    "  --stats-out PREFIX write PREFIX.mean.npy (LayerNorm) and PREFIX.rstd.npy (f32)\n"
+    "  --raw-bf16         --in/--out/--residual are raw little-endian bfloat16 files\n"
+    "  --rows R --hidden H  the shape of raw bf16 input\n"
+    "  --chunk-bytes N    client chunk size (default: the library's)\n"
+    "  --url URL, --timeout-ms MS\n";
+
+static const char *usage_register =
+    "usage: lnorm register --id ID --gamma g.npy [--beta b.npy] [--url URL]\n"
+    "  gamma and beta: 1-D .npy, float32 or float16 (mixed dtypes are sent as float32)\n";
+
+static const char *usage_drop = "usage: lnorm drop --id ID [--url URL]\n";
+static const char *usage_health = "usage: lnorm health [--url URL]\n";
+static const char *usage_info = "usage: lnorm info [--url URL]\n";
+
+/* Options common to every command. */
+typedef struct common {
+    const char *urls[16];
+    size_t nurls;
+    int timeout_ms;
+} common;
+
+static int die_usage(const char *msg, const char *usage)
+{
+    fprintf(stderr, "lnorm: %s\n%s", msg, usage);
+    return 2;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-')
+        return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int add_url(common *cm, const char *u)
+{
+    if (cm->nurls >= 16)
+        return -1;
+    cm->urls[cm->nurls++] = u;
+    return 0;
+}
+
+static int open_client(common *cm, lnorm_client **c, size_t chunk_bytes)
+{
+    if (cm->nurls == 0) {
+        const char *env = getenv("LNORM_URL");
+        cm->urls[cm->nurls++] = env && *env ? env : DEFAULT_URL;
+    }
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    if (cm->timeout_ms) {
+        o.recv_timeout_ms = cm->timeout_ms;
+        o.send_timeout_ms = cm->timeout_ms;
+    }
+    if (chunk_bytes)
+        o.chunk_bytes = chunk_bytes;
+    int rv = lnorm_client_open(c, cm->urls, cm->nurls, &o);
+    if (rv != LNORM_OK)
+        fprintf(stderr, "lnorm: cannot open client for %s: %s\n", cm->urls[0], lnorm_strerror(rv));
+    return rv;
+}
+
+static int report(const char *what, int rv, const lnorm_result *res)
+{
+    fprintf(stderr, "lnorm: %s failed: %s (%s)%s%s\n", what, lnorm_strerror(rv), lnorm_errname(rv),
+            res->message[0] ? ": " : "", res->message);
+    return 1;
+}
+
+enum {
+    O_URL = 1000, O_TIMEOUT, O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
+    O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, O_ID, O_HELP
+};
+
+static const struct option long_opts[] = {
+    {"url", required_argument, 0, O_URL},       {"timeout-ms", required_argument, 0, O_TIMEOUT},
+    {"in", required_argument, 0, O_IN},         {"out", required_argument, 0, O_OUT},
+    {"op", required_argument, 0, O_OP},         {"eps", required_argument, 0, O_EPS},
+    {"eps-outside", no_argument, 0, O_EPS_OUT}, {"gamma", required_argument, 0, O_GAMMA},
+    {"beta", required_argument, 0, O_BETA},     {"params-id", required_argument, 0, O_PID},
+    {"stats-out", required_argument, 0, O_STATS}, {"raw-bf16", no_argument, 0, O_RAWBF16},
+    {"rows", required_argument, 0, O_ROWS},     {"hidden", required_argument, 0, O_HIDDEN},
+    {"residual", required_argument, 0, O_RES},  {"residual-out", required_argument, 0, O_RESOUT},
+    {"chunk-bytes", required_argument, 0, O_CHUNK}, {"id", required_argument, 0, O_ID},
+    {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
+
+/* Everything the commands may be given. */
+typedef struct args {
+    common cm;
+    const char *in, *out, *gamma, *beta, *params_id, *stats, *res, *resout, *id;
+    int op, eps_outside, raw_bf16, help, eps_set;
+    float eps;
+    uint64_t rows, hidden, chunk;
+} args;
+
+/* Parse argv for command cmd, allowing only the options in `allowed`. */
+static int parse_args(int argc, char **argv, args *a, const int *allowed, const char *usage)
+{
+    memset(a, 0, sizeof *a);
+    a->op = LNORM_OP_LAYERNORM;
+    a->eps = LNORM_DEFAULT_EPS;
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":", long_opts, NULL)) != -1) {
+        if (ch == '?' || ch == ':') {
+            char msg[200];
+            snprintf(msg, sizeof msg, "%s option '%s'", ch == ':' ? "missing value for" : "unknown",
+                     argv[optind - 1]);
+            return die_usage(msg, usage);
+        }
+        int ok = ch == O_HELP || ch == O_URL || ch == O_TIMEOUT;
+        for (const int *p = allowed; *p; p++)
+            ok |= *p == ch;
+        if (!ok) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "option '%s' does not apply to this command", argv[optind - 1]);
+            return die_usage(msg, usage);
+        }
+        uint64_t v;
+        switch (ch) {
+        case O_HELP: a->help = 1; break;
+        case O_URL:
+            if (add_url(&a->cm, optarg))
+                return die_usage("too many --url", usage);
+            break;
+        case O_TIMEOUT:
+            if (parse_u64(optarg, &v) || v == 0 || v > 86400000)
+                return die_usage("--timeout-ms must be 1..86400000", usage);
+            a->cm.timeout_ms = (int)v;
+            break;
+        case O_IN: a->in = optarg; break;
+        case O_OUT: a->out = optarg; break;
+        case O_OP:
+            if (strcmp(optarg, "ln") == 0 || strcmp(optarg, "layernorm") == 0)
+                a->op = LNORM_OP_LAYERNORM;
+            else if (strcmp(optarg, "rms") == 0 || strcmp(optarg, "rmsnorm") == 0)
+                a->op = LNORM_OP_RMSNORM;
+            else
+                return die_usage("--op must be ln or rms", usage);
+            break;
+        case O_EPS: {
+            char *end;
+            errno = 0;
+            double e = strtod(optarg, &end);
+            if (errno || *end || !(e > 0) || !isfinite((float)e))
+                return die_usage("--eps must be a finite number > 0", usage);
+            a->eps = (float)e;
+            a->eps_set = 1;
+            break;
+        }
+        case O_EPS_OUT: a->eps_outside = 1; break;
+        case O_GAMMA: a->gamma = optarg; break;
+        case O_BETA: a->beta = optarg; break;
+        case O_PID: a->params_id = optarg; break;
+        case O_STATS: a->stats = optarg; break;
+        case O_RAWBF16: a->raw_bf16 = 1; break;
+        case O_ROWS:
+            if (parse_u64(optarg, &a->rows) || a->rows == 0)
+                return die_usage("--rows must be a positive integer", usage);
+            break;
+        case O_HIDDEN:
+            if (parse_u64(optarg, &a->hidden) || a->hidden == 0)
+                return die_usage("--hidden must be a positive integer", usage);
+            break;
+        case O_RES: a->res = optarg; break;
+        case O_RESOUT: a->resout = optarg; break;
+        case O_CHUNK:
+            if (parse_u64(optarg, &a->chunk) || a->chunk == 0)
+                return die_usage("--chunk-bytes must be a positive integer", usage);
+            break;
+        case O_ID: a->id = optarg; break;
+        }
+    }
+    if (optind < argc)
+        return die_usage("unexpected argument", usage);
+    return 0;
+}
+
+/* Load a 1-D parameter vector of hidden elements, as dtype want (F32 or
+ * the file's own dtype if want is 0). */
+static int load_param(const char *path, uint64_t hidden, int want, lnorm__npy *a)
+{
+    char err[300];
+    if (lnorm__npy_read(path, a, err, sizeof err) != 0) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        return 2;
+    }
+    uint64_t n = a->shape[0] * (a->ndim == 2 ? a->shape[1] : 1);
+    if (!(a->ndim == 1 || (a->ndim == 2 && a->shape[0] == 1)) || n != hidden) {
+        fprintf(stderr, "lnorm: %s: expected a 1-D array of %llu elements\n", path,
+                (unsigned long long)hidden);
+        lnorm__npy_free(a);
+        return 2;
+    }
+    if (want == LNORM_DTYPE_F32 && a->dtype == LNORM_DTYPE_F16) {
+        float *f = malloc(n * sizeof *f);
+        if (!f) {
+            lnorm__npy_free(a);
+            return 2;
+        }
+        const uint16_t *h = a->data;
+        for (uint64_t i = 0; i < n; i++)
+            f[i] = lnorm_f16_to_f32(h[i]);
+        free(a->data);
+        a->data = f;
+        a->dtype = LNORM_DTYPE_F32;
+        a->nbytes = n * 4;
+    }
+    return 0;
+}
+
+static int cmd_normalize(int argc, char **argv)
+{
+    static const int allowed[] = {O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
+                                  O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, 0};
+    args a;
+    int rv = parse_args(argc, argv, &a, allowed, usage_normalize);
+    if (rv)
+        return rv;
+    if (a.help) {
+        fputs(usage_normalize, stdout);
+        return 0;
+    }
+    if (!a.in || !a.out)
+        return die_usage("--in and --out are required", usage_normalize);
+    if (a.params_id && (a.gamma || a.beta))
+        return die_usage("--params-id excludes --gamma/--beta", usage_normalize);
+    if (!a.res != !a.resout)
+        return die_usage("--residual and --residual-out go together", usage_normalize);
+    if (a.raw_bf16 != (a.rows && a.hidden) || (!a.raw_bf16 && (a.rows || a.hidden)))
+        return die_usage("--raw-bf16 needs --rows and --hidden (and only it takes them)",
+                         usage_normalize);
+
+    char err[300];
+    lnorm__npy x = {0}, r = {0}, g = {0}, b = {0};
+    void *raw_x = NULL, *raw_r = NULL;
+    int dtype, ndim;
+    uint64_t rows, hidden, shape[2];
+    const void *xp, *rp = NULL;
+    if (a.raw_bf16) {
+        dtype = LNORM_DTYPE_BF16;
+        rows = a.rows;
+        hidden = a.hidden;
+        ndim = 2;
+        if (lnorm__raw_read(a.in, rows * hidden * 2, &raw_x, err, sizeof err) != 0 ||
+            (a.res && lnorm__raw_read(a.res, rows * hidden * 2, &raw_r, err, sizeof err) != 0)) {
+            fprintf(stderr, "lnorm: %s\n", err);
+            free(raw_x);
+            return 2;
+        }
+        xp = raw_x;
+        rp = raw_r;
+    } else {
+        if (lnorm__npy_read(a.in, &x, err, sizeof err) != 0) {
+            fprintf(stderr, "lnorm: %s\n", err);
+            return 2;
+        }
+        dtype = x.dtype;
+        ndim = x.ndim;
+        rows = x.ndim == 2 ? x.shape[0] : 1;
+        hidden = x.ndim == 2 ? x.shape[1] : x.shape[0];
+        xp = x.data;
+        if (a.res) {
+            if (lnorm__npy_read(a.res, &r, err, sizeof err) != 0) {
+                fprintf(stderr, "lnorm: %s\n", err);
+                lnorm__npy_free(&x);
+                return 2;
+            }
+            if (r.dtype != x.dtype || r.ndim != x.ndim || r.shape[0] != x.shape[0] ||
+                (x.ndim == 2 && r.shape[1] != x.shape[1])) {
+                fprintf(stderr, "lnorm: %s: residual must have the shape and dtype of %s\n", a.res,
+                        a.in);
+                lnorm__npy_free(&x);
+                lnorm__npy_free(&r);
+                return 2;
+            }
+            rp = r.data;
+        }
+    }
+    shape[0] = ndim == 2 ? rows : hidden;
+    shape[1] = hidden;
+
+    /* Parameters: the dtype of x when both files have it, else f32. */
+    int pdt = 0;
+    int status = 2;
+    void *y = NULL, *resout = NULL;
+    float *mean = NULL, *rstd = NULL;
+    lnorm_client *c = NULL;
+    if (a.gamma || a.beta) {
+        lnorm__npy probe = {0};
+        int all_x = 1;
+        const char *files[2] = {a.gamma, a.beta};
+        for (int k = 0; k < 2; k++) {
+            if (!files[k])
+                continue;
+            if (lnorm__npy_read(files[k], &probe, err, sizeof err) != 0) {
+                fprintf(stderr, "lnorm: %s\n", err);
+                goto out;
+            }
+            all_x &= probe.dtype == dtype;
+            lnorm__npy_free(&probe);
+        }
+        pdt = all_x ? dtype : LNORM_DTYPE_F32;
+        if ((a.gamma && load_param(a.gamma, hidden, pdt, &g)) ||
+            (a.beta && load_param(a.beta, hidden, pdt, &b)))
+            goto out;
+    }
+
+    size_t es = lnorm_dtype_size(dtype);
+    y = malloc(rows * hidden * es);
+    if (a.res)
+        resout = malloc(rows * hidden * es);
+    if (a.stats) {
+        rstd = malloc(rows * sizeof *rstd);
+        if (a.op == LNORM_OP_LAYERNORM)
+            mean = malloc(rows * sizeof *mean);
+    }
+    if (!y || (a.res && !resout) || (a.stats && (!rstd || (a.op == LNORM_OP_LAYERNORM && !mean)))) {
+        fprintf(stderr, "lnorm: out of memory\n");
+        goto out;
+    }
+    if (open_client(&a.cm, &c, a.chunk) != LNORM_OK)
+        goto out;
+
+    lnorm_normalize_req q;
+    lnorm_normalize_req_init(&q, (lnorm_op)a.op, (lnorm_dtype)dtype, rows, hidden);
+    q.eps = a.eps;
+    q.eps_mode = a.eps_outside ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
+    q.x = xp;
+    q.residual = rp;
+    q.residual_out = resout;
+    q.param_dtype = (lnorm_dtype)(pdt ? pdt : dtype);
+    q.gamma = g.data;
+    q.beta = b.data;
+    q.params_id = a.params_id;
+    q.want_stats = a.stats != NULL;
+    q.mean = mean;
+    q.rstd = rstd;
+    q.y = y;
+    lnorm_result res;
+    rv = lnorm_normalize(c, &q, &res);
+    if (rv != LNORM_OK) {
+        status = report("normalize", rv, &res);
+        goto out;
+    }
+    int werr = 0;
+    if (a.raw_bf16) {
+        werr |= lnorm__raw_write(a.out, y, rows * hidden * 2, err, sizeof err);
+        if (!werr && a.res)
+            werr |= lnorm__raw_write(a.resout, resout, rows * hidden * 2, err, sizeof err);
+    } else {
+        werr |= lnorm__npy_write(a.out, dtype, ndim, shape, y, err, sizeof err);
+        if (!werr && a.res)
+            werr |= lnorm__npy_write(a.resout, dtype, ndim, shape, resout, err, sizeof err);
+    }
+    if (!werr && a.stats) {
+        size_t plen = strlen(a.stats) + 16;
+        char *p = malloc(plen);
+        uint64_t sshape[1] = {rows};
+        if (!p) {
+            werr = -1;
+            snprintf(err, sizeof err, "out of memory");
+        } else {
+            if (mean) {
+                snprintf(p, plen, "%s.mean.npy", a.stats);
+                werr |= lnorm__npy_write(p, LNORM_DTYPE_F32, 1, sshape, mean, err, sizeof err);
+            }
+            snprintf(p, plen, "%s.rstd.npy", a.stats);
+            if (!werr)
+                werr |= lnorm__npy_write(p, LNORM_DTYPE_F32, 1, sshape, rstd, err, sizeof err);
+            free(p);
+        }
+    }
+    if (werr) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        status = 1;
+        goto out;
+    }
+    status = 0;
+out:
+    lnorm_client_close(c);
+    lnorm__npy_free(&x);
+    lnorm__npy_free(&r);
+    lnorm__npy_free(&g);
+    lnorm__npy_free(&b);
+    free(raw_x);
+    free(raw_r);
+    free(y);
+    free(resout);
+    free(mean);
+    free(rstd);
+    return status;
+}
+
+static int cmd_register(int argc, char **argv)
+{
+    static const int allowed[] = {O_ID, O_GAMMA, O_BETA, 0};
+    args a;
+    int rv = parse_args(argc, argv, &a, allowed, usage_register);
+    if (rv)
+        return rv;
+    if (a.help) {
+        fputs(usage_register, stdout);
+        return 0;
+    }
+    if (!a.id || (!a.gamma && !a.beta))
+        return die_usage("--id and --gamma (or --beta) are required", usage_register);
+    char err[300];
+    lnorm__npy g = {0}, b = {0};
+    const char *first = a.gamma ? a.gamma : a.beta;
+    if (lnorm__npy_read(first, &g, err, sizeof err) != 0) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        return 2;
+    }
+    uint64_t hidden = g.shape[0] * (g.ndim == 2 ? g.shape[1] : 1);
+    int dt = g.dtype;
+    lnorm__npy_free(&g);
+    if (a.gamma && a.beta) {
+        if (lnorm__npy_read(a.beta, &b, err, sizeof err) != 0) {
+            fprintf(stderr, "lnorm: %s\n", err);
+            return 2;
+        }
+        if (b.dtype != dt)
+            dt = LNORM_DTYPE_F32;
+        lnorm__npy_free(&b);
+    }
+    int status = 2;
+    lnorm_client *c = NULL;
+    if ((a.gamma && load_param(a.gamma, hidden, dt, &g)) ||
+        (a.beta && load_param(a.beta, hidden, dt, &b)))
+        goto out;
+    if (open_client(&a.cm, &c, 0) != LNORM_OK)
+        goto out;
+    lnorm_params_desc p = {a.id, (lnorm_dtype)dt, hidden, g.data, b.data};
+    lnorm_result res;
+    rv = lnorm_register_params(c, &p, &res);
+    if (rv != LNORM_OK) {
+        status = report("register", rv, &res);
+        goto out;
+    }
+    printf("registered %s: %s, hidden %llu%s%s\n", a.id, lnorm_dtype_name(dt),
+           (unsigned long long)hidden, g.data ? ", gamma" : "", b.data ? ", beta" : "");
+    status = 0;
+out:
+    lnorm_client_close(c);
+    lnorm__npy_free(&g);
+    lnorm__npy_free(&b);
+    return status;
+}
+
+static int cmd_drop(int argc, char **argv)
+{
+    static const int allowed[] = {O_ID, 0};
+    args a;
+    int rv = parse_args(argc, argv, &a, allowed, usage_drop);
+    if (rv)
+        return rv;
+    if (a.help) {
+        fputs(usage_drop, stdout);
+        return 0;
+    }
+    if (!a.id)
+        return die_usage("--id is required", usage_drop);
+    lnorm_client *c;
+    if (open_client(&a.cm, &c, 0) != LNORM_OK)
+        return 1;
+    lnorm_result res;
+    rv = lnorm_drop_params(c, a.id, &res);
+    lnorm_client_close(c);
+    if (rv != LNORM_OK)
+        return report("drop", rv, &res);
+    printf("dropped %s\n", a.id);
+    return 0;
+}
+
+static int cmd_health(int argc, char **argv)
+{
+    static const int allowed[] = {0};
+    args a;
+    int rv = parse_args(argc, argv, &a, allowed, usage_health);
+    if (rv)
+        return rv;
+    if (a.help) {
+        fputs(usage_health, stdout);
+        return 0;
+    }
+    lnorm_client *c;
+    if (open_client(&a.cm, &c, 0) != LNORM_OK)
+        return 1;
+    lnorm_result res;
+    int serving = 0;
+    rv = lnorm_health(c, &serving, &res);
+    lnorm_client_close(c);
+    if (rv != LNORM_OK)
+        return report("health", rv, &res);
+    printf("%s\n", serving ? "serving" : "not serving");
+    return serving ? 0 : 1;
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    static const int allowed[] = {0};
+    args a;
+    int rv = parse_args(argc, argv, &a, allowed, usage_info);
+    if (rv)
+        return rv;
+    if (a.help) {
+        fputs(usage_info, stdout);
+        return 0;
+    }
+    lnorm_client *c;
+    if (open_client(&a.cm, &c, 0) != LNORM_OK)
+        return 1;
+    lnorm_result res;
+    lnorm_server_info in;
+    rv = lnorm_info(c, &in, &res);
+    lnorm_client_close(c);
+    if (rv != LNORM_OK)
+        return report("info", rv, &res);
+    printf("version: %s\nbackends:", in.version);
+    for (int i = 0; i < in.nbackends; i++)
+        printf(" %s", in.backends[i]);
+    printf("\n");
+    for (int i = 0; i < in.ndevices; i++)
+        printf("device %u: %s %s, %llu bytes\n", in.devices[i].index, in.devices[i].backend,
+               in.devices[i].name, (unsigned long long)in.devices[i].memory_bytes);
+    printf("max_message_bytes: %llu\nmax_rows: %llu\nmax_hidden: %llu\nmax_batch_rows: %llu\n"
+           "max_batch_bytes: %llu\nmax_queue_requests: %llu\nmax_params_bytes: %llu\n",
+           (unsigned long long)in.max_message_bytes, (unsigned long long)in.max_rows,
+           (unsigned long long)in.max_hidden, (unsigned long long)in.max_batch_rows,
+           (unsigned long long)in.max_batch_bytes, (unsigned long long)in.max_queue_requests,
+           (unsigned long long)in.max_params_bytes);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return die_usage("no command", usage_main);
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage_main, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("lnorm %s\n", lnorm_client_version());
+        return 0;
+    }
+    argv[1] = argv[0];
+    if (strcmp(cmd, "normalize") == 0)
+        return cmd_normalize(argc - 1, argv + 1);
+    if (strcmp(cmd, "register") == 0)
+        return cmd_register(argc - 1, argv + 1);
+    if (strcmp(cmd, "drop") == 0)
+        return cmd_drop(argc - 1, argv + 1);
+    if (strcmp(cmd, "health") == 0)
+        return cmd_health(argc - 1, argv + 1);
+    if (strcmp(cmd, "info") == 0)
+        return cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "lnorm: unknown command '%s'\n%s", cmd, usage_main);
+    return 2;
+}

@@ -1,0 +1,291 @@
+/* The .npy reader/writer of the lnorm CLI (see npy.h). */
+#include "npy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lnorm/types.h"
+
+static int failf(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void lnorm__npy_free(lnorm__npy *a)
+{
+    if (a) {
+        free(a->data);
+        a->data = NULL;
+    }
+}
+
+/* Find the value following 'key': in a header dict; NULL if absent. */
+static const char *dict_value(const char *h, const char *key)
+{
+    char pat[32];
+    snprintf(pat, sizeof pat, "'%s'", key);
+    const char *p = strstr(h, pat);
+    if (!p)
+        return NULL;
+    p += strlen(pat);
+    while (*p == ' ')
+        p++;
+    if (*p != ':')
+        return NULL;
+    p++;
+    while (*p == ' ')
+        p++;
+    return p;
+}
+
+static int parse_header(const char *h, lnorm__npy *a, char *err, size_t n)
+{
+    const char *d = dict_value(h, "descr");
+    if (!d || (*d != '\'' && *d != '"'))
+        return failf(err, n, "header has no 'descr'");
+    char q = *d++;
+    const char *e = strchr(d, q);
+    if (!e || e - d > 16)
+        return failf(err, n, "malformed 'descr'");
+    char descr[17];
+    memcpy(descr, d, (size_t)(e - d));
+    descr[e - d] = 0;
+    if (strcmp(descr, "<f4") == 0)
+        a->dtype = LNORM_DTYPE_F32;
+    else if (strcmp(descr, "<f2") == 0)
+        a->dtype = LNORM_DTYPE_F16;
+    else
+        return failf(err, n,
+                     "dtype '%s' is not supported (only little-endian float32 '<f4' and float16 "
+                     "'<f2'; for bfloat16 use --raw-bf16)",
+                     descr);
+    const char *f = dict_value(h, "fortran_order");
+    if (!f)
+        return failf(err, n, "header has no 'fortran_order'");
+    if (strncmp(f, "True", 4) == 0)
+        return failf(err, n, "Fortran-order arrays are not supported (use np.ascontiguousarray)");
+    if (strncmp(f, "False", 5) != 0)
+        return failf(err, n, "malformed 'fortran_order'");
+    const char *s = dict_value(h, "shape");
+    if (!s || *s != '(')
+        return failf(err, n, "header has no 'shape'");
+    s++;
+    a->ndim = 0;
+    for (;;) {
+        while (*s == ' ')
+            s++;
+        if (*s == ')')
+            break;
+        if (!isdigit((unsigned char)*s))
+            return failf(err, n, "malformed 'shape'");
+        errno = 0;
+        char *end;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno)
+            return failf(err, n, "shape dimension out of range");
+        if (a->ndim >= 2)
+            return failf(err, n, "only 1-D and 2-D arrays are supported");
+        a->shape[a->ndim++] = v;
+        s = end;
+        while (*s == ' ')
+            s++;
+        if (*s == ',')
+            s++;
+        else if (*s != ')')
+            return failf(err, n, "malformed 'shape'");
+    }
+    if (a->ndim == 0)
+        return failf(err, n, "0-D (scalar) arrays are not supported");
+    return 0;
+}
+
+int lnorm__npy_read(const char *path, lnorm__npy *a, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return failf(err, errlen, "%s: %s", path, strerror(errno));
+    unsigned char pre[12];
+    char *hdr = NULL;
+    int rv = -1;
+    if (fread(pre, 1, 10, fp) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+        failf(err, errlen, "%s: not a .npy file (bad magic)", path);
+        goto out;
+    }
+    size_t hlen, pre_len;
+    if (pre[6] == 1) {
+        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8);
+        pre_len = 10;
+    } else if (pre[6] == 2 || pre[6] == 3) {
+        if (fread(pre + 10, 1, 2, fp) != 2) {
+            failf(err, errlen, "%s: truncated header", path);
+            goto out;
+        }
+        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8) | ((size_t)pre[10] << 16) |
+               ((size_t)pre[11] << 24);
+        pre_len = 12;
+    } else {
+        failf(err, errlen, "%s: unsupported .npy version %d.%d", path, pre[6], pre[7]);
+        goto out;
+    }
+    if (hlen > (1u << 20)) {
+        failf(err, errlen, "%s: header too large", path);
+        goto out;
+    }
+    hdr = malloc(hlen + 1);
+    if (!hdr || fread(hdr, 1, hlen, fp) != hlen) {
+        failf(err, errlen, "%s: truncated header", path);
+        goto out;
+    }
+    hdr[hlen] = 0;
+    char why[200];
+    if (parse_header(hdr, a, why, sizeof why) != 0) {
+        failf(err, errlen, "%s: %s", path, why);
+        goto out;
+    }
+    uint64_t count = a->shape[0];
+    if (a->ndim == 2) {
+        if (a->shape[1] != 0 && count > UINT64_MAX / a->shape[1]) {
+            failf(err, errlen, "%s: shape too large", path);
+            goto out;
+        }
+        count *= a->shape[1];
+    }
+    if (count == 0) {
+        failf(err, errlen, "%s: empty array", path);
+        goto out;
+    }
+    size_t es = lnorm_dtype_size(a->dtype);
+    if (count > (SIZE_MAX / es)) {
+        failf(err, errlen, "%s: shape too large", path);
+        goto out;
+    }
+    a->nbytes = (size_t)count * es;
+    if (fseeko(fp, 0, SEEK_END) != 0) {
+        failf(err, errlen, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    off_t fsz = ftello(fp);
+    if (fsz < 0 || (uint64_t)fsz != pre_len + hlen + a->nbytes) {
+        failf(err, errlen, "%s: file size %lld does not match the header (%zu data bytes expected)",
+              path, (long long)fsz, a->nbytes);
+        goto out;
+    }
+    fseeko(fp, (off_t)(pre_len + hlen), SEEK_SET);
+    a->data = malloc(a->nbytes);
+    if (!a->data) {
+        failf(err, errlen, "%s: out of memory (%zu bytes)", path, a->nbytes);
+        goto out;
+    }
+    if (fread(a->data, 1, a->nbytes, fp) != a->nbytes) {
+        failf(err, errlen, "%s: short read", path);
+        goto out;
+    }
+    rv = 0;
+out:
+    if (rv != 0)
+        lnorm__npy_free(a);
+    free(hdr);
+    fclose(fp);
+    return rv;
+}
+
+/* Write prefix bytes + data to path via a temporary file. */
+static int write_atomic(const char *path, const void *pre, size_t prelen, const void *data,
+                        size_t nbytes, char *err, size_t errlen)
+{
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 32);
+    if (!tmp)
+        return failf(err, errlen, "out of memory");
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        failf(err, errlen, "%s: %s", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = (prelen == 0 || fwrite(pre, 1, prelen, fp) == prelen) &&
+             fwrite(data, 1, nbytes, fp) == nbytes;
+    ok = (fclose(fp) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        failf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+int lnorm__npy_write(const char *path, int dtype, int ndim, const uint64_t *shape,
+                     const void *data, char *err, size_t errlen)
+{
+    if (dtype != LNORM_DTYPE_F32 && dtype != LNORM_DTYPE_F16)
+        return failf(err, errlen, "%s: only f32 and f16 can be written as .npy", path);
+    if (ndim != 1 && ndim != 2)
+        return failf(err, errlen, "%s: only 1-D and 2-D arrays", path);
+    char dict[160];
+    int dn;
+    if (ndim == 1)
+        dn = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
+                      dtype == LNORM_DTYPE_F32 ? "<f4" : "<f2", (unsigned long long)shape[0]);
+    else
+        dn = snprintf(dict, sizeof dict,
+                      "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
+                      dtype == LNORM_DTYPE_F32 ? "<f4" : "<f2", (unsigned long long)shape[0],
+                      (unsigned long long)shape[1]);
+    /* magic(6) + version(2) + len(2) + dict + spaces + '\n', total % 64 == 0 */
+    size_t total = 10 + (size_t)dn + 1;
+    total = (total + 63) / 64 * 64;
+    size_t hlen = total - 10;
+    unsigned char pre[256];
+    memcpy(pre, "\x93NUMPY\x01\x00", 8);
+    pre[8] = (unsigned char)(hlen & 0xff);
+    pre[9] = (unsigned char)(hlen >> 8);
+    memcpy(pre + 10, dict, (size_t)dn);
+    memset(pre + 10 + dn, ' ', hlen - (size_t)dn - 1);
+    pre[total - 1] = '\n';
+    uint64_t count = shape[0] * (ndim == 2 ? shape[1] : 1);
+    return write_atomic(path, pre, total, data, (size_t)count * lnorm_dtype_size(dtype), err,
+                        errlen);
+}
+
+int lnorm__raw_read(const char *path, size_t nbytes, void **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return failf(err, errlen, "%s: %s", path, strerror(errno));
+    fseeko(fp, 0, SEEK_END);
+    off_t fsz = ftello(fp);
+    fseeko(fp, 0, SEEK_SET);
+    if (fsz < 0 || (uint64_t)fsz != nbytes) {
+        fclose(fp);
+        return failf(err, errlen, "%s: size %lld bytes, expected %zu (rows * hidden * 2)", path,
+                     (long long)fsz, nbytes);
+    }
+    void *p = malloc(nbytes ? nbytes : 1);
+    if (!p || fread(p, 1, nbytes, fp) != nbytes) {
+        free(p);
+        fclose(fp);
+        return failf(err, errlen, "%s: read failed", path);
+    }
+    fclose(fp);
+    *out = p;
+    return 0;
+}
+
+int lnorm__raw_write(const char *path, const void *data, size_t nbytes, char *err, size_t errlen)
+{
+    return write_atomic(path, NULL, 0, data, nbytes, err, errlen);
+}

@@ -1,0 +1,500 @@
+/*
+ * The client object and the call engine: a pool of NNG contexts, and calls
+ * made of one or several request/reply exchanges (chunks) kept in flight up
+ * to a depth, each completing through its aio callback.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#include <nng/protocol/reqrep0/req.h>
+
+const char *lnorm_client_version(void)
+{
+    return LNORM_VERSION;
+}
+
+void lnorm_client_opts_init(lnorm_client_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->send_timeout_ms = 10000;
+    o->recv_timeout_ms = 30000;
+    o->reconnect_min_ms = 100;
+    o->reconnect_max_ms = 2000;
+    o->resend_ms = 0;
+    o->chunk_bytes = LNORM_DEFAULT_CHUNK_BYTES;
+    o->pipeline_depth = LNORM_DEFAULT_PIPELINE_DEPTH;
+    o->max_recv_bytes = (size_t)1 << 30;
+}
+
+int lnorm__from_nng(int rv)
+{
+    switch (rv) {
+    case 0: return LNORM_OK;
+    case NNG_ETIMEDOUT: return LNORM_ETIMEDOUT;
+    case NNG_ECLOSED: return LNORM_ECLOSED;
+    case NNG_ENOMEM: return LNORM_ENOMEM;
+    case NNG_ECANCELED: return LNORM_ECANCELED;
+    case NNG_EINVAL: case NNG_EADDRINVAL: return LNORM_EINVAL;
+    case NNG_ENOTSUP: return LNORM_ENOTSUP;
+    case NNG_EMSGSIZE: return LNORM_ELIMIT;
+    case NNG_EPERM: case NNG_EPEERAUTH: return LNORM_EPERM;
+    case NNG_ENOENT: return LNORM_ENOTFOUND;
+    default: return LNORM_ETRANSPORT;
+    }
+}
+
+void lnorm__result_fail(lnorm_result *r, int err, int status, const char *fmt, ...)
+{
+    if (r->err != LNORM_OK)
+        return;
+    r->err = err;
+    r->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->message, sizeof r->message, fmt, ap);
+    va_end(ap);
+}
+
+uint64_t lnorm__next_id(lnorm_client *c)
+{
+    nng_mtx_lock(c->mtx);
+    uint64_t id = ++c->next_id;
+    nng_mtx_unlock(c->mtx);
+    return id;
+}
+
+int lnorm__pack(const Lnorm__V1__Request *req, nng_msg **out)
+{
+    size_t n = lnorm__v1__request__get_packed_size(req);
+    nng_msg *m;
+    if (nng_msg_alloc(&m, n) != 0)
+        return LNORM_ENOMEM;
+    size_t w = lnorm__v1__request__pack(req, nng_msg_body(m));
+    if (w != n) {
+        nng_msg_free(m);
+        return LNORM_EINTERNAL;
+    }
+    *out = m;
+    return LNORM_OK;
+}
+
+/* ---- open / close --------------------------------------------------------- */
+
+static int dial_one(lnorm_client *c, const char *url, const lnorm_client_opts *o)
+{
+    nng_dialer d;
+    int rv = nng_dialer_create(&d, c->sock, url);
+    if (rv != 0)
+        return lnorm__from_nng(rv);
+    if (strncmp(url, "tls+tcp", 7) == 0) {
+        if (o->tls_ca_file && (rv = nng_dialer_set_string(d, NNG_OPT_TLS_CA_FILE, o->tls_ca_file)) != 0)
+            goto fail;
+        if (o->tls_cert_key_file &&
+            (rv = nng_dialer_set_string(d, NNG_OPT_TLS_CERT_KEY_FILE, o->tls_cert_key_file)) != 0)
+            goto fail;
+        if (o->tls_server_name &&
+            (rv = nng_dialer_set_string(d, NNG_OPT_TLS_SERVER_NAME, o->tls_server_name)) != 0)
+            goto fail;
+        if (o->tls_insecure && (rv = nng_dialer_set_int(d, NNG_OPT_TLS_AUTH_MODE, 0)) != 0)
+            goto fail;
+    }
+    /* Non-blocking: a server that is down is dialed again in the background. */
+    if ((rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK)) != 0)
+        goto fail;
+    return LNORM_OK;
+fail:
+    nng_dialer_close(d);
+    return lnorm__from_nng(rv);
+}
+
+static nng_duration ms_to_dur(int ms)
+{
+    return ms < 0 ? NNG_DURATION_INFINITE : (nng_duration)ms;
+}
+
+int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
+                      const lnorm_client_opts *opts)
+{
+    if (!out || !urls || nurls == 0)
+        return LNORM_EINVAL;
+    *out = NULL;
+    for (size_t i = 0; i < nurls; i++)
+        if (!urls[i] || !urls[i][0])
+            return LNORM_EINVAL;
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    if (opts)
+        o = *opts;
+    if (o.chunk_bytes == 0)
+        o.chunk_bytes = LNORM_DEFAULT_CHUNK_BYTES;
+    if (o.pipeline_depth <= 0)
+        o.pipeline_depth = LNORM_DEFAULT_PIPELINE_DEPTH;
+    if (o.max_recv_bytes == 0)
+        o.max_recv_bytes = (size_t)1 << 30;
+    if (o.reconnect_min_ms <= 0 || o.reconnect_max_ms < 0)
+        return LNORM_EINVAL;
+
+    lnorm_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return LNORM_ENOMEM;
+    c->opts = o;
+    /* The TLS strings are only used while dialing: do not keep them. */
+    c->opts.tls_ca_file = c->opts.tls_cert_key_file = c->opts.tls_server_name = NULL;
+    int rv;
+    if ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0) {
+        rv = lnorm__from_nng(rv);
+        goto fail_sync;
+    }
+    if ((rv = nng_req0_open(&c->sock)) != 0) {
+        rv = lnorm__from_nng(rv);
+        goto fail_sync;
+    }
+    if ((rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, o.max_recv_bytes)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, o.reconnect_min_ms)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, o.reconnect_max_ms)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME,
+                                o.resend_ms > 0 ? o.resend_ms : NNG_DURATION_INFINITE)) != 0) {
+        rv = lnorm__from_nng(rv);
+        goto fail_sock;
+    }
+    for (size_t i = 0; i < nurls; i++)
+        if ((rv = dial_one(c, urls[i], &o)) != LNORM_OK)
+            goto fail_sock;
+    *out = c;
+    return LNORM_OK;
+fail_sock:
+    nng_close(c->sock);
+fail_sync:
+    if (c->cv)
+        nng_cv_free(c->cv);
+    if (c->mtx)
+        nng_mtx_free(c->mtx);
+    free(c);
+    return rv;
+}
+
+void lnorm_client_close(lnorm_client *c)
+{
+    if (!c)
+        return;
+    nng_mtx_lock(c->mtx);
+    c->closing = 1;
+    nng_mtx_unlock(c->mtx);
+    /* Closing the socket aborts every exchange; the calls then complete
+     * (with LNORM_ECLOSED) through their callbacks. */
+    nng_close(c->sock);
+    nng_mtx_lock(c->mtx);
+    while (c->ncalls > 0)
+        nng_cv_wait(c->cv);
+    nng_mtx_unlock(c->mtx);
+    for (size_t i = 0; i < c->nslots; i++) {
+        nng_aio_free(c->all_slots[i]->aio);
+        free(c->all_slots[i]);
+    }
+    free(c->all_slots);
+    nng_cv_free(c->cv);
+    nng_mtx_free(c->mtx);
+    free(c);
+}
+
+/* ---- the call engine ------------------------------------------------------ */
+
+static void slot_cb(void *arg);
+
+/* Take a free slot, or make one. Called with c->mtx held. */
+static int slot_get(lnorm_client *c, lnorm__slot **out)
+{
+    if (c->closing)
+        return LNORM_ECLOSED;
+    lnorm__slot *s = c->free_slots;
+    if (s) {
+        c->free_slots = s->next_free;
+        *out = s;
+        return LNORM_OK;
+    }
+    if (c->nslots == c->cap_slots) {
+        size_t cap = c->cap_slots ? c->cap_slots * 2 : 16;
+        lnorm__slot **all = realloc(c->all_slots, cap * sizeof *all);
+        if (!all)
+            return LNORM_ENOMEM;
+        c->all_slots = all;
+        c->cap_slots = cap;
+    }
+    s = calloc(1, sizeof *s);
+    if (!s)
+        return LNORM_ENOMEM;
+    s->c = c;
+    int rv = nng_aio_alloc(&s->aio, slot_cb, s);
+    if (rv != 0) {
+        free(s);
+        return lnorm__from_nng(rv);
+    }
+    if ((rv = nng_ctx_open(&s->ctx, c->sock)) != 0) {
+        nng_aio_free(s->aio);
+        free(s);
+        return lnorm__from_nng(rv);
+    }
+    c->all_slots[c->nslots++] = s;
+    *out = s;
+    return LNORM_OK;
+}
+
+static void call_finish(lnorm__call *call)
+{
+    lnorm_client *c = call->c;
+    call->cb(call->cb_arg, call->res.err, &call->res);
+    if (call->cleanup)
+        call->cleanup(call);
+    free(call);
+    nng_mtx_lock(c->mtx);
+    c->ncalls--;
+    nng_cv_wake(c->cv);
+    nng_mtx_unlock(c->mtx);
+}
+
+/* Account for a finished chunk (reply handled, failed, or skipped). Called
+ * with c->mtx held; err/why describe a failure. */
+static void chunk_account(lnorm__call *call, uint64_t i, int err, int status, const char *why)
+{
+    call->inflight--;
+    call->finished++;
+    if (err != LNORM_OK) {
+        call->failed = 1;
+        if (call->nchunks > 1)
+            lnorm__result_fail(&call->res, err, status, "chunk %llu of %llu: %s",
+                               (unsigned long long)i + 1, (unsigned long long)call->nchunks, why);
+        else
+            lnorm__result_fail(&call->res, err, status, "%s", why);
+    }
+}
+
+static void start_chunk(lnorm__call *call, uint64_t i);
+
+/*
+ * Called with c->mtx held; releases it. Claims the chunks that may start now
+ * (a contiguous range) or, when nothing is in flight and nothing is left,
+ * completes the call. A thread holding claimed, unstarted chunks keeps
+ * inflight > 0, so the call cannot complete under it; it must not touch the
+ * call after starting its last claimed chunk.
+ */
+static void advance_unlock(lnorm__call *call)
+{
+    lnorm_client *c = call->c;
+    uint64_t first = 0, n = 0;
+    int complete = 0;
+    if (!call->failed && call->next < call->nchunks && call->inflight < call->depth) {
+        uint64_t room = (uint64_t)(call->depth - call->inflight);
+        uint64_t left = call->nchunks - call->next;
+        n = room < left ? room : left;
+        first = call->next;
+        call->next += n;
+        call->inflight += (int)n;
+    } else if (call->inflight == 0 && !call->completed &&
+               (call->failed || call->finished == call->nchunks)) {
+        call->completed = 1;
+        complete = 1;
+    }
+    nng_mtx_unlock(c->mtx);
+    if (complete) {
+        call_finish(call);
+        return;
+    }
+    for (uint64_t k = 0; k < n; k++)
+        start_chunk(call, first + k);
+}
+
+static void start_chunk(lnorm__call *call, uint64_t i)
+{
+    lnorm_client *c = call->c;
+    nng_msg *m = NULL;
+    nng_mtx_lock(c->mtx);
+    int skip = call->failed;
+    nng_mtx_unlock(c->mtx);
+    int rv = skip ? LNORM_ECANCELED : call->ops->make(call, i, &m);
+    if (rv != LNORM_OK) {
+        nng_mtx_lock(c->mtx);
+        chunk_account(call, i, rv, -1, "could not build the request");
+        advance_unlock(call);
+        return;
+    }
+    lnorm__slot *s = NULL;
+    nng_mtx_lock(c->mtx);
+    rv = slot_get(c, &s);
+    if (rv != LNORM_OK) {
+        chunk_account(call, i, rv, -1, rv == LNORM_ECLOSED ? "client closed" : "no context");
+        nng_msg_free(m);
+        advance_unlock(call);
+        return;
+    }
+    nng_mtx_unlock(c->mtx);
+    s->call = call;
+    s->chunk = i;
+    s->sending = 1;
+    nng_aio_set_msg(s->aio, m);
+    nng_aio_set_timeout(s->aio, ms_to_dur(c->opts.send_timeout_ms));
+    nng_ctx_send(s->ctx, s->aio);
+}
+
+static void handle_reply(lnorm__call *call, uint64_t i, nng_msg *m, int *err, int *status,
+                         char *why, size_t whylen)
+{
+    Lnorm__V1__Response *resp =
+        lnorm__v1__response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    if (!resp) {
+        *err = LNORM_EPROTO;
+        snprintf(why, whylen, "malformed reply (%zu bytes)", nng_msg_len(m));
+        return;
+    }
+    int code = resp->status ? (int)resp->status->code : 0;
+    if (resp->timings) {
+        nng_mtx_lock(call->c->mtx);
+        call->res.queue_us += resp->timings->queue_us;
+        call->res.compute_us += resp->timings->compute_us;
+        call->res.batch_rows = resp->timings->batch_rows;
+        call->res.batch_requests = resp->timings->batch_requests;
+        nng_mtx_unlock(call->c->mtx);
+    }
+    if (code != 0) {
+        *err = lnorm_status_to_err(code);
+        *status = code;
+        snprintf(why, whylen, "%s",
+                 resp->status->message && resp->status->message[0] ? resp->status->message
+                                                                     : lnorm_strerror(*err));
+    } else {
+        *err = call->ops->take(call, i, resp);
+        if (*err != LNORM_OK)
+            snprintf(why, whylen, "unexpected reply: %s", lnorm_strerror(*err));
+    }
+    lnorm__v1__response__free_unpacked(resp, NULL);
+}
+
+static void slot_cb(void *arg)
+{
+    lnorm__slot *s = arg;
+    lnorm_client *c = s->c;
+    lnorm__call *call = s->call;
+    int rv = nng_aio_result(s->aio);
+    int err = LNORM_OK, status = -1;
+    char why[200];
+    why[0] = 0;
+    if (s->sending) {
+        if (rv == 0) {
+            s->sending = 0;
+            nng_aio_set_timeout(s->aio, call->recv_timeout);
+            nng_ctx_recv(s->ctx, s->aio);
+            return;
+        }
+        nng_msg_free(nng_aio_get_msg(s->aio));
+        nng_aio_set_msg(s->aio, NULL);
+        err = lnorm__from_nng(rv);
+        snprintf(why, sizeof why, "send failed: %s", nng_strerror(rv));
+    } else if (rv != 0) {
+        err = lnorm__from_nng(rv);
+        snprintf(why, sizeof why, "%s", rv == NNG_ETIMEDOUT ? "no reply before the timeout"
+                                                           : nng_strerror(rv));
+    } else {
+        nng_msg *m = nng_aio_get_msg(s->aio);
+        nng_aio_set_msg(s->aio, NULL);
+        handle_reply(call, s->chunk, m, &err, &status, why, sizeof why);
+        nng_msg_free(m);
+    }
+    nng_mtx_lock(c->mtx);
+    s->call = NULL;
+    s->next_free = c->free_slots;
+    c->free_slots = s;
+    chunk_account(call, s->chunk, err, status, why);
+    advance_unlock(call);
+}
+
+int lnorm__call_new(lnorm_client *c, const lnorm__call_ops *ops, lnorm__call **out)
+{
+    lnorm__call *call = calloc(1, sizeof *call);
+    if (!call)
+        return LNORM_ENOMEM;
+    call->c = c;
+    call->ops = ops;
+    call->nchunks = 1;
+    call->depth = 1;
+    call->recv_timeout = ms_to_dur(c->opts.recv_timeout_ms);
+    if (c->opts.send_deadline && c->opts.recv_timeout_ms > 0)
+        call->deadline_us = (uint64_t)c->opts.recv_timeout_ms * 1000u;
+    *out = call;
+    return LNORM_OK;
+}
+
+int lnorm__call_start(lnorm__call *call)
+{
+    lnorm_client *c = call->c;
+    nng_mtx_lock(c->mtx);
+    if (c->closing) {
+        nng_mtx_unlock(c->mtx);
+        if (call->cleanup)
+            call->cleanup(call);
+        free(call);
+        return LNORM_ECLOSED;
+    }
+    c->ncalls++;
+    call->res.chunks = (uint32_t)(call->nchunks > UINT32_MAX ? UINT32_MAX : call->nchunks);
+    advance_unlock(call);
+    return LNORM_OK;
+}
+
+typedef struct sync_wait {
+    nng_mtx *mtx;
+    nng_cv *cv;
+    int done;
+    lnorm_result res;
+} sync_wait;
+
+static void sync_cb(void *arg, int err, const lnorm_result *res)
+{
+    sync_wait *w = arg;
+    (void)err;
+    nng_mtx_lock(w->mtx);
+    w->res = *res;
+    w->done = 1;
+    nng_cv_wake(w->cv);
+    nng_mtx_unlock(w->mtx);
+}
+
+int lnorm__call_sync(lnorm__call *call, lnorm_result *res)
+{
+    sync_wait w;
+    memset(&w, 0, sizeof w);
+    int rv;
+    if ((rv = nng_mtx_alloc(&w.mtx)) != 0 || (rv = nng_cv_alloc(&w.cv, w.mtx)) != 0) {
+        if (w.mtx)
+            nng_mtx_free(w.mtx);
+        if (call->cleanup)
+            call->cleanup(call);
+        free(call);
+        rv = lnorm__from_nng(rv);
+        if (res) {
+            memset(res, 0, sizeof *res);
+            lnorm__result_fail(res, rv, -1, "out of memory");
+        }
+        return rv;
+    }
+    call->cb = sync_cb;
+    call->cb_arg = &w;
+    rv = lnorm__call_start(call);
+    if (rv == LNORM_OK) {
+        nng_mtx_lock(w.mtx);
+        while (!w.done)
+            nng_cv_wait(w.cv);
+        nng_mtx_unlock(w.mtx);
+        rv = w.res.err;
+    } else {
+        memset(&w.res, 0, sizeof w.res);
+        lnorm__result_fail(&w.res, rv, -1, "%s", lnorm_strerror(rv));
+    }
+    nng_cv_free(w.cv);
+    nng_mtx_free(w.mtx);
+    if (res)
+        *res = w.res;
+    return rv;
+}

@@ -1,0 +1,99 @@
+/*
+ * Internals of liblnorm shared by its source files: the client object, the
+ * pool of NNG contexts, and the generic "call" that sends one or several
+ * Request messages (chunks) and collects their Responses.
+ */
+#ifndef LNORM_CLIENT_INTERNAL_H
+#define LNORM_CLIENT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
+
+#include "lnorm.pb-c.h"
+#include "lnorm/lnorm.h"
+
+typedef struct lnorm__slot lnorm__slot;
+typedef struct lnorm__call lnorm__call;
+
+/* What a kind of call does with its chunks: build the request message of
+ * chunk i, and take the decoded reply of chunk i (status already OK). */
+typedef struct lnorm__call_ops {
+    int (*make)(lnorm__call *call, uint64_t i, nng_msg **out);
+    int (*take)(lnorm__call *call, uint64_t i, const Lnorm__V1__Response *resp);
+} lnorm__call_ops;
+
+/* One call in flight: nchunks exchanges, at most depth at once. */
+struct lnorm__call {
+    lnorm_client *c;
+    const lnorm__call_ops *ops;
+    void *data;              /* the kind's own state */
+    uint64_t nchunks;
+    uint64_t next;           /* next chunk to start */
+    uint64_t finished;       /* chunks whose reply has been handled */
+    int inflight;
+    int depth;
+    nng_duration recv_timeout;
+    uint64_t deadline_us;
+    int failed;              /* set once: no more chunks are started */
+    int completed;
+    lnorm_result res;
+    lnorm_callback cb;
+    void *cb_arg;
+    void (*cleanup)(lnorm__call *call); /* frees data; may be NULL */
+};
+
+/* One NNG context and its aio, reused from call to call. */
+struct lnorm__slot {
+    lnorm__slot *next_free;
+    lnorm_client *c;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int sending;
+    lnorm__call *call;
+    uint64_t chunk;
+};
+
+struct lnorm_client {
+    nng_socket sock;
+    lnorm_client_opts opts;
+    nng_mtx *mtx;
+    nng_cv *cv;
+    int closing;
+    int ncalls;              /* calls not yet completed */
+    uint64_t next_id;
+    lnorm__slot *free_slots;
+    lnorm__slot **all_slots; /* every slot ever made, freed at close */
+    size_t nslots, cap_slots;
+};
+
+/* Start a call (already filled: ops, data, nchunks, depth, timeouts, cb).
+ * On LNORM_OK the callback will run exactly once; on error it will not and
+ * the call has been cleaned up and freed. The call must be malloc'ed. */
+int lnorm__call_start(lnorm__call *call);
+
+/* Run a call synchronously: start it and wait; fills *res (may be NULL). */
+int lnorm__call_sync(lnorm__call *call, lnorm_result *res);
+
+/* Allocate a call for client c with the client's defaults. */
+int lnorm__call_new(lnorm_client *c, const lnorm__call_ops *ops, lnorm__call **out);
+
+/* Record a failure in a result (first one wins); the message is printf-like. */
+void lnorm__result_fail(lnorm_result *r, int err, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Serialize a Request into a fresh NNG message. */
+int lnorm__pack(const Lnorm__V1__Request *req, nng_msg **out);
+
+/* The next request id of a client. */
+uint64_t lnorm__next_id(lnorm_client *c);
+
+/* Whether id is 1..128 bytes of [A-Za-z0-9_.:-]. */
+int lnorm__valid_params_id(const char *id);
+
+/* Map an NNG error to an lnorm error code. */
+int lnorm__from_nng(int rv);
+
+#endif /* LNORM_CLIENT_INTERNAL_H */
