@@ -1,0 +1,66 @@
+/*
+ * The CUDA backend of the normalization core: LayerNorm and RMSNorm over a
+ * batch of segments (kernels/core/lnorm_core.h) whose pointers are DEVICE
+ * pointers. Numerics are the core's, to the letter; docs/gpu.md describes
+ * the kernels (hidden-size tiers, vector widths, clusters).
+ *
+ * One launch runs every segment of a batch that falls in the same
+ * (x dtype, hidden-size tier) group; a batch mixing groups takes one launch
+ * per group, all on the same stream (lnorm_cuda_launch_count says how many).
+ */
+#ifndef LNORM_CUDA_H
+#define LNORM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lnorm_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A workspace for batches of more than one segment: a pinned host staging
+ * table and a device copy of it, bound to whatever stream runs it. Not
+ * thread-safe: one workspace per stream (per backend slot). */
+typedef struct lnorm_cuda_ws lnorm_cuda_ws;
+
+/* Create a workspace that holds up to max_segs segments per upload on the
+ * current CUDA device. Returns LNORM_OK, LNORM_ENOMEM or LNORM_ECUDA. */
+int lnorm_cuda_ws_create(lnorm_cuda_ws **out, size_t max_segs);
+
+/* Free a workspace (NULL is a no-op); waits for its last upload first. */
+void lnorm_cuda_ws_destroy(lnorm_cuda_ws *ws);
+
+/* Validate every segment of b (nothing runs if one is invalid: LNORM_EINVAL
+ * and *why set), then enqueue the batch on stream (a cudaStream_t, NULL for
+ * the default stream) on the current device. ws may be NULL only when the
+ * batch has a single segment. Returns LNORM_OK once everything is enqueued,
+ * or LNORM_ECUDA (*why names the failing call) if a CUDA call failed. */
+int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const char **why);
+
+/* Run one segment (device pointers) on stream, with no workspace. */
+int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why);
+
+/* The number of kernel launches lnorm_cuda_run makes for batch b (the
+ * number of distinct (x dtype, tier) groups), or -1 if b is invalid. */
+int lnorm_cuda_launch_count(const lnorm_batch *b);
+
+/* The tier a segment with this x dtype and hidden size runs in (0 = the
+ * smallest), and a short description of it ("warp8x8", "cluster8x512x64",
+ * "stream1024") in *desc if desc is not NULL. -1 for an invalid dtype. */
+int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc);
+
+/* Simple entry point for ctypes harnesses: one contiguous-or-strided
+ * segment given by plain arguments (device pointers, optional ones NULL;
+ * dtypes as lnorm_dtype, y_dtype/param_dtype 0 = same as x). Runs on
+ * stream and returns an lnorm error code. */
+int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t rows, int64_t hidden,
+                    int64_t x_stride, int64_t y_stride, const void *x, void *y, const void *residual,
+                    void *residual_out, const void *gamma, const void *beta, float *mean, float *rstd,
+                    float eps, int eps_mode, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LNORM_CUDA_H */

@@ -1,0 +1,8 @@
+/* Kernel instantiations for x of dtype bf16 (one file per dtype so that
+ * nvcc compiles them in parallel). */
+#include "lnorm_cuda_kernels.cuh"
+
+extern "C" int lnorm__cuda_launch_bf16(int tier, const lnorm__kparams *p, void *stream)
+{
+    return lnorm_cuda::launch_tier<__nv_bfloat16>(tier, p, stream);
+}

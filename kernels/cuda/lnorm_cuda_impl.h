@@ -1,0 +1,82 @@
+/*
+ * Internal to the CUDA backend: the segment table as the kernels read it,
+ * the tier table, and the per-x-dtype launchers (one .cu file each).
+ */
+#ifndef LNORM_CUDA_IMPL_H
+#define LNORM_CUDA_IMPL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One segment as a kernel reads it (device pointers). row_begin is the
+ * first row of the segment in its launch's global row numbering. */
+typedef struct lnorm__kseg {
+    const void *x;
+    const void *res;
+    void *y;
+    void *res_out;
+    const void *gamma;
+    const void *beta;
+    float *mean;
+    float *rstd;
+    int64_t x_stride;
+    int64_t y_stride;
+    int64_t res_stride;
+    int64_t res_out_stride;
+    int64_t hidden;
+    int64_t row_begin;
+    float eps;
+    int32_t op;
+    int32_t y_dtype;
+    int32_t param_dtype;
+    int32_t eps_mode;
+    int32_t pad_;
+} lnorm__kseg;
+
+/* The parameters of one launch: either a device table of nsegs segments
+ * sorted by row_begin, or (table NULL) the single segment `one` inline. */
+typedef struct lnorm__kparams {
+    const lnorm__kseg *table;
+    int64_t total_rows;
+    int32_t nsegs;
+    int32_t pad_;
+    lnorm__kseg one;
+} lnorm__kparams;
+
+/* The tiers, by hidden size. A register tier holds the row in registers:
+ * TPR threads per row, E elements per thread, CL CTAs per row (a thread
+ * block cluster when CL > 1). The last tier streams the row (Welford). */
+#define LNORM__TIERS(X)            \
+    X(0, 8, 8, 1)                  \
+    X(1, 16, 8, 1)                 \
+    X(2, 32, 8, 1)                 \
+    X(3, 32, 16, 1)                \
+    X(4, 32, 32, 1)                \
+    X(5, 64, 32, 1)                \
+    X(6, 128, 32, 1)               \
+    X(7, 256, 32, 1)               \
+    X(8, 512, 32, 1)               \
+    X(9, 512, 64, 1)               \
+    X(10, 512, 64, 2)              \
+    X(11, 512, 64, 4)              \
+    X(12, 512, 64, 8)
+
+/* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
+#define LNORM__NREG_TIERS 13
+
+/* Largest hidden size a register tier holds (the last: 512*64*8). */
+#define LNORM__MAX_REG_HIDDEN (512 * 64 * 8)
+
+/* Launch tier `tier` for x of dtype F32 / F16 / BF16 on a cudaStream_t;
+ * returns the cudaError_t of the launch (0 on success). */
+int lnorm__cuda_launch_f32(int tier, const lnorm__kparams *p, void *stream);
+int lnorm__cuda_launch_f16(int tier, const lnorm__kparams *p, void *stream);
+int lnorm__cuda_launch_bf16(int tier, const lnorm__kparams *p, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LNORM_CUDA_IMPL_H */

@@ -1,0 +1,330 @@
+/* Host side of the CUDA backend: validation, tier choice, grouping of a
+ * batch by (x dtype, tier), the segment table upload and the launches. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "lnorm_cuda.h"
+#include "lnorm_cuda_impl.h"
+
+struct lnorm_cuda_ws {
+    lnorm__kseg *host;   /* pinned staging */
+    lnorm__kseg *dev;    /* device copy */
+    size_t cap;          /* segments */
+    cudaEvent_t copied;  /* recorded after the last upload from host */
+    int pending;         /* an upload was recorded and not yet waited for */
+};
+
+/* Capacities of the register tiers, in elements (TPR * E * CL). */
+static const int64_t lnorm__tier_cap[LNORM__NREG_TIERS] = {
+#define LNORM__CAP(i, tpr, e, cl) (int64_t)(tpr) * (e) * (cl),
+    LNORM__TIERS(LNORM__CAP)
+#undef LNORM__CAP
+};
+
+static const char *const lnorm__tier_desc[LNORM__NREG_TIERS + 1] = {
+#define LNORM__DESC(i, tpr, e, cl) "reg" #tpr "x" #e "cl" #cl,
+    LNORM__TIERS(LNORM__DESC)
+#undef LNORM__DESC
+    "stream1024"};
+
+int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
+{
+    if (!lnorm_dtype_size(x_dtype) || hidden < 1)
+        return -1;
+    int t = LNORM__NREG_TIERS;
+    for (int i = 0; i < LNORM__NREG_TIERS; i++)
+        if (hidden <= lnorm__tier_cap[i]) {
+            t = i;
+            break;
+        }
+    if (desc)
+        *desc = lnorm__tier_desc[t];
+    return t;
+}
+
+/* Group key of a segment: x dtype (1..3) and tier. */
+static int lnorm__group_key(const lnorm_segment *s)
+{
+    return (s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
+}
+
+#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1))
+
+static void lnorm__to_kseg(lnorm__kseg *k, const lnorm_segment *s, int64_t row_begin)
+{
+    memset(k, 0, sizeof *k);
+    k->x = s->x;
+    k->res = s->residual;
+    k->y = s->y;
+    k->res_out = s->residual_out;
+    k->gamma = s->gamma;
+    k->beta = s->beta;
+    k->mean = s->mean;
+    k->rstd = s->rstd;
+    k->x_stride = s->x_stride;
+    k->y_stride = s->y_stride;
+    k->res_stride = s->res_stride;
+    k->res_out_stride = s->res_out_stride;
+    k->hidden = s->hidden;
+    k->row_begin = row_begin;
+    k->eps = s->eps;
+    k->op = s->op;
+    k->y_dtype = s->y_dtype;
+    k->param_dtype = s->param_dtype;
+    k->eps_mode = s->eps_mode;
+}
+
+static int lnorm__launch(int x_dtype, int tier, const lnorm__kparams *p, void *stream)
+{
+    switch (x_dtype) {
+    case LNORM_DTYPE_F32:
+        return lnorm__cuda_launch_f32(tier, p, stream);
+    case LNORM_DTYPE_F16:
+        return lnorm__cuda_launch_f16(tier, p, stream);
+    default:
+        return lnorm__cuda_launch_bf16(tier, p, stream);
+    }
+}
+
+static int lnorm__validate(const lnorm_batch *b, const char **why)
+{
+    if (!b || (b->nsegs && !b->segs)) {
+        if (why)
+            *why = "batch: NULL";
+        return LNORM_EINVAL;
+    }
+    for (size_t i = 0; i < b->nsegs; i++) {
+        int rc = lnorm_segment_validate(&b->segs[i], why);
+        if (rc)
+            return rc;
+    }
+    return LNORM_OK;
+}
+
+int lnorm_cuda_launch_count(const lnorm_batch *b)
+{
+    if (lnorm__validate(b, NULL))
+        return -1;
+    unsigned char seen[LNORM__NKEYS] = {0};
+    int n = 0;
+    for (size_t i = 0; i < b->nsegs; i++) {
+        int k = lnorm__group_key(&b->segs[i]);
+        if (!seen[k]) {
+            seen[k] = 1;
+            n++;
+        }
+    }
+    return n;
+}
+
+int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why)
+{
+    int rc = lnorm_segment_validate(s, why);
+    if (rc)
+        return rc;
+    lnorm__kparams p;
+    memset(&p, 0, sizeof p);
+    lnorm__to_kseg(&p.one, s, 0);
+    p.total_rows = s->rows;
+    p.nsegs = 1;
+    int e = lnorm__launch(s->x_dtype, lnorm_cuda_tier(s->x_dtype, s->hidden, NULL), &p, stream);
+    if (e) {
+        if (why)
+            *why = cudaGetErrorString((cudaError_t)e);
+        return LNORM_ECUDA;
+    }
+    return LNORM_OK;
+}
+
+int lnorm_cuda_ws_create(lnorm_cuda_ws **out, size_t max_segs)
+{
+    if (!out || max_segs == 0)
+        return LNORM_EINVAL;
+    lnorm_cuda_ws *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return LNORM_ENOMEM;
+    ws->cap = max_segs;
+    if (cudaMallocHost((void **)&ws->host, max_segs * sizeof(lnorm__kseg)) != cudaSuccess)
+        goto fail;
+    if (cudaMalloc((void **)&ws->dev, max_segs * sizeof(lnorm__kseg)) != cudaSuccess)
+        goto fail;
+    if (cudaEventCreateWithFlags(&ws->copied, cudaEventDisableTiming) != cudaSuccess) {
+        ws->copied = NULL;
+        goto fail;
+    }
+    *out = ws;
+    return LNORM_OK;
+fail:
+    lnorm_cuda_ws_destroy(ws);
+    return LNORM_ECUDA;
+}
+
+void lnorm_cuda_ws_destroy(lnorm_cuda_ws *ws)
+{
+    if (!ws)
+        return;
+    if (ws->copied) {
+        if (ws->pending)
+            cudaEventSynchronize(ws->copied);
+        cudaEventDestroy(ws->copied);
+    }
+    if (ws->dev)
+        cudaFree(ws->dev);
+    if (ws->host)
+        cudaFreeHost(ws->host);
+    free(ws);
+}
+
+int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const char **why)
+{
+    int rc = lnorm__validate(b, why);
+    if (rc)
+        return rc;
+    if (b->nsegs == 0)
+        return LNORM_OK;
+    if (b->nsegs == 1)
+        return lnorm_cuda_run_segment(&b->segs[0], stream, why);
+    if (!ws) {
+        if (why)
+            *why = "ws: a workspace is required for more than one segment";
+        return LNORM_EINVAL;
+    }
+    /* Order segments by group (counting sort, stable). */
+    size_t *idx = malloc(b->nsegs * sizeof *idx);
+    if (!idx)
+        return LNORM_ENOMEM;
+    size_t start[LNORM__NKEYS + 1] = {0};
+    for (size_t i = 0; i < b->nsegs; i++)
+        start[lnorm__group_key(&b->segs[i]) + 1]++;
+    for (int k = 0; k < LNORM__NKEYS; k++)
+        start[k + 1] += start[k];
+    size_t fill[LNORM__NKEYS];
+    memcpy(fill, start, sizeof fill);
+    for (size_t i = 0; i < b->nsegs; i++)
+        idx[fill[lnorm__group_key(&b->segs[i])]++] = i;
+
+    /* Pieces of at most ws->cap table entries: stage, upload once, launch
+     * each group of the piece. The staging buffer is reused only once the
+     * previous upload from it has completed. */
+    rc = LNORM_OK;
+    int k = 0;
+    size_t pos = 0; /* within group k */
+    while (rc == LNORM_OK) {
+        while (k < LNORM__NKEYS && pos >= start[k + 1] - start[k]) {
+            k++;
+            pos = 0;
+        }
+        if (k >= LNORM__NKEYS)
+            break;
+        if (ws->pending) {
+            if (cudaEventSynchronize(ws->copied) != cudaSuccess) {
+                rc = LNORM_ECUDA;
+                if (why)
+                    *why = "cudaEventSynchronize";
+                break;
+            }
+            ws->pending = 0;
+        }
+        /* Collect groups (k, pos...) until the table is full. */
+        size_t used = 0;
+        int gk[LNORM__NKEYS];
+        size_t gpos[LNORM__NKEYS], gn[LNORM__NKEYS], gslot[LNORM__NKEYS];
+        int ng = 0;
+        while (k < LNORM__NKEYS && used < ws->cap) {
+            size_t left = start[k + 1] - start[k] - pos;
+            if (left == 0) {
+                k++;
+                pos = 0;
+                continue;
+            }
+            size_t take = left < ws->cap - used ? left : ws->cap - used;
+            gk[ng] = k;
+            gpos[ng] = pos;
+            gn[ng] = take;
+            gslot[ng] = used;
+            ng++;
+            if (take > 1)
+                used += take;
+            else
+                gslot[ng - 1] = (size_t)-1; /* inline, no table entry */
+            pos += take;
+        }
+        /* Stage the table entries (lnorm__run_group fills them) first, then
+         * upload, then launch: do it in two passes. */
+        int any_table = 0;
+        for (int g = 0; g < ng; g++)
+            if (gn[g] > 1) {
+                const size_t *ix = idx + start[gk[g]] + gpos[g];
+                int64_t rows = 0;
+                for (size_t i = 0; i < gn[g]; i++) {
+                    lnorm__to_kseg(&ws->host[gslot[g] + i], &b->segs[ix[i]], rows);
+                    rows += b->segs[ix[i]].rows;
+                }
+                any_table = 1;
+            }
+        if (any_table) {
+            if (cudaMemcpyAsync(ws->dev, ws->host, used * sizeof(lnorm__kseg), cudaMemcpyHostToDevice,
+                                (cudaStream_t)stream) != cudaSuccess ||
+                cudaEventRecord(ws->copied, (cudaStream_t)stream) != cudaSuccess) {
+                rc = LNORM_ECUDA;
+                if (why)
+                    *why = "cudaMemcpyAsync (segment table)";
+                break;
+            }
+            ws->pending = 1;
+        }
+        for (int g = 0; g < ng && rc == LNORM_OK; g++) {
+            const size_t *ix = idx + start[gk[g]] + gpos[g];
+            if (gn[g] == 1) {
+                rc = lnorm_cuda_run_segment(&b->segs[ix[0]], stream, why);
+            } else {
+                const lnorm_segment *s0 = &b->segs[ix[0]];
+                lnorm__kparams p;
+                memset(&p, 0, sizeof p);
+                p.table = ws->dev + gslot[g];
+                p.nsegs = (int32_t)gn[g];
+                for (size_t i = 0; i < gn[g]; i++)
+                    p.total_rows += b->segs[ix[i]].rows;
+                int e = lnorm__launch(s0->x_dtype, lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL), &p,
+                                      stream);
+                if (e) {
+                    rc = LNORM_ECUDA;
+                    if (why)
+                        *why = cudaGetErrorString((cudaError_t)e);
+                }
+            }
+        }
+    }
+    free(idx);
+    return rc;
+}
+
+int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t rows, int64_t hidden,
+                    int64_t x_stride, int64_t y_stride, const void *x, void *y, const void *residual,
+                    void *residual_out, const void *gamma, const void *beta, float *mean, float *rstd,
+                    float eps, int eps_mode, void *stream)
+{
+    lnorm_segment s;
+    lnorm_segment_init(&s, (lnorm_op)op, (lnorm_dtype)x_dtype, rows, hidden);
+    if (y_dtype)
+        s.y_dtype = y_dtype;
+    if (param_dtype)
+        s.param_dtype = param_dtype;
+    if (x_stride)
+        s.x_stride = s.res_stride = s.res_out_stride = x_stride;
+    if (y_stride)
+        s.y_stride = y_stride;
+    s.x = x;
+    s.y = y;
+    s.residual = residual;
+    s.residual_out = residual_out;
+    s.gamma = gamma;
+    s.beta = beta;
+    s.mean = mean;
+    s.rstd = rstd;
+    s.eps = eps;
+    s.eps_mode = eps_mode;
+    return lnorm_cuda_run_segment(&s, stream, NULL);
+}

@@ -1,0 +1,507 @@
+/*
+ * gpu.matrix: the CUDA backend on a GPU.
+ *  1. The CPU backend's matrix (op x x-dtype x y-dtype x affine x param
+ *     dtype x residual x stats x H, padded rows) on the GPU against the
+ *     float64 reference, outputs poisoned (padding writes fail too), plus
+ *     one hidden size inside every tier (clusters and the streaming tier).
+ *  2. GPU against the CPU backend on the same inputs (residual_out and
+ *     y within a bound of each other, residual_out bit-exact).
+ *  3. Alignment invariance: every third case again with every tensor
+ *     shifted by one element (scalar paths): bit-identical outputs.
+ *  4. Batch invariance: segments run alone and inside mixed batches (one
+ *     launch from a device table, and several groups): bit-identical.
+ *  5. Bad input: clear error codes, nothing run.
+ * Usage: test_gpu [--quick]  (--quick: a reduced set for compute-sanitizer)
+ * Needs a GPU: exits 1 (never "passes") when none is usable.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "gpu_case.h"
+#include "lnorm_core.h"
+#include "lnorm_cuda.h"
+#include "testcase.h"
+#include "testutil.h"
+
+static const int64_t small_h[] = {1, 2, 3, 63, 64, 65, 127, 1000, 4096, 4097};
+static const int64_t quick_h[] = {1, 65, 1000, 4097};
+/* One size inside every tier, the clusters and the streaming tier. */
+static const int64_t tier_h[] = {200, 300, 1500, 3000, 8000, 12000, 20000, 40000, 100000, 131072, 300000, 1048577};
+static const int64_t big_h[] = {65536, 262144};
+static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+
+static long g_cases, g_fails, g_cmp_cpu, g_cmp_align;
+static lnorm_cpu *g_cpu;
+
+/* Order-preserving integer of a 16-bit float's bits (for ulp distances). */
+static long ord16(uint16_t u)
+{
+    return (u & 0x8000u) ? -(long)(u & 0x7fffu) : (long)u;
+}
+
+static size_t row_off(const lnorm_segment *s, int64_t r, int64_t stride)
+{
+    (void)s;
+    return (size_t)(r * stride);
+}
+
+/* Compare the GPU outputs (in tc) with the CPU backend's outputs (in cpu)
+ * for the same inputs. Returns the number of disagreements. */
+static long cmp_cpu(const lnorm_test_case *tc, const lnorm_test_case *cpu, const char *label)
+{
+    const lnorm_segment *s = &tc->seg;
+    long bad = 0;
+    size_t ysz = lnorm_dtype_size(s->y_dtype), xsz = lnorm_dtype_size(s->x_dtype);
+    for (int64_t r = 0; r < s->rows; r++) {
+        double scale = 0;
+        for (int64_t c = 0; c < s->hidden; c++) {
+            double v = fabs(lnorm_test_get(cpu->y, s->y_dtype, row_off(s, r, s->y_stride) + c));
+            if (v > scale)
+                scale = v;
+        }
+        for (int64_t c = 0; c < s->hidden; c++) {
+            size_t i = row_off(s, r, s->y_stride) + (size_t)c;
+            int ok;
+            if (ysz == 2) {
+                uint16_t a, b;
+                memcpy(&a, (char *)tc->y + i * 2, 2);
+                memcpy(&b, (char *)cpu->y + i * 2, 2);
+                ok = labs(ord16(a) - ord16(b)) <= 2;
+            } else {
+                double a = lnorm_test_get(tc->y, s->y_dtype, i), b = lnorm_test_get(cpu->y, s->y_dtype, i);
+                ok = fabs(a - b) <= 4e-6 * scale;
+            }
+            if (!ok) {
+                if (bad < 3)
+                    fprintf(stderr, "  %s: gpu/cpu y differ at row %lld col %lld: %.9g vs %.9g\n", label,
+                            (long long)r, (long long)c, lnorm_test_get(tc->y, s->y_dtype, i),
+                            lnorm_test_get(cpu->y, s->y_dtype, i));
+                bad++;
+            }
+        }
+        if (tc->residual_out) {
+            size_t o = row_off(s, r, s->res_out_stride) * xsz;
+            if (memcmp((char *)tc->residual_out + o, (char *)cpu->residual_out + o, (size_t)s->hidden * xsz)) {
+                fprintf(stderr, "  %s: gpu/cpu residual_out differ in row %lld\n", label, (long long)r);
+                bad++;
+            }
+        }
+        if (tc->rstd) {
+            double a = tc->rstd[r], b = cpu->rstd[r];
+            if (!(fabs(a - b) <= 4e-6 * fabs(b))) {
+                fprintf(stderr, "  %s: gpu/cpu rstd differ in row %lld: %.9g vs %.9g\n", label, (long long)r, a, b);
+                bad++;
+            }
+            if (tc->mean) {
+                double m = tc->mean[r], n = cpu->mean[r];
+                if (!(fabs(m - n) <= 4e-6 * (fabs(n) + 1.0 / b))) {
+                    fprintf(stderr, "  %s: gpu/cpu mean differ in row %lld: %.9g vs %.9g\n", label, (long long)r, m, n);
+                    bad++;
+                }
+            }
+        }
+    }
+    return bad;
+}
+
+/* Snapshot of a case's output buffers. */
+typedef struct outs {
+    void *y, *ro;
+    float *mean, *rstd;
+} outs;
+
+static int outs_take(outs *o, const lnorm_test_case *tc)
+{
+    size_t rows = (size_t)tc->seg.rows;
+    memset(o, 0, sizeof *o);
+    o->y = malloc(tc->y_bytes);
+    if (!o->y)
+        return -1;
+    memcpy(o->y, tc->y, tc->y_bytes);
+    if (tc->residual_out && (o->ro = malloc(tc->res_bytes)))
+        memcpy(o->ro, tc->residual_out, tc->res_bytes);
+    if (tc->mean && (o->mean = malloc(rows * 4)))
+        memcpy(o->mean, tc->mean, rows * 4);
+    if (tc->rstd && (o->rstd = malloc(rows * 4)))
+        memcpy(o->rstd, tc->rstd, rows * 4);
+    return 0;
+}
+
+static void outs_free(outs *o)
+{
+    free(o->y);
+    free(o->ro);
+    free(o->mean);
+    free(o->rstd);
+}
+
+/* Bitwise equality of a case's outputs with a snapshot (1: equal). */
+static int outs_same(const outs *o, const lnorm_test_case *tc)
+{
+    size_t rows = (size_t)tc->seg.rows;
+    if (memcmp(o->y, tc->y, tc->y_bytes))
+        return 0;
+    if (tc->residual_out && (!o->ro || memcmp(o->ro, tc->residual_out, tc->res_bytes)))
+        return 0;
+    if (tc->mean && (!o->mean || memcmp(o->mean, tc->mean, rows * 4)))
+        return 0;
+    if (tc->rstd && (!o->rstd || memcmp(o->rstd, tc->rstd, rows * 4)))
+        return 0;
+    return 1;
+}
+
+/* Run tc on the GPU (shifted by one element if misalign); outputs land in
+ * tc's host buffers. */
+static int gpu_run(lnorm_test_case *tc, int misalign, const char **why)
+{
+    lnorm_gpu_case gc;
+    lnorm_test_case_repoison(tc);
+    int err = lnorm_gpu_case_make(&gc, tc, misalign);
+    if (err) {
+        *why = "device allocation/upload";
+        return err;
+    }
+    err = lnorm_cuda_run_segment(&gc.seg, NULL, why);
+    if (err == LNORM_OK && lnorm_gpu_case_fetch(&gc, tc) != LNORM_OK) {
+        *why = cudaGetErrorString(cudaGetLastError());
+        err = LNORM_ECUDA;
+    }
+    lnorm_gpu_case_free(&gc);
+    return err;
+}
+
+static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_align)
+{
+    lnorm_test_case tc;
+    char label[220];
+    const char *tdesc = "?";
+    lnorm_cuda_tier(cfg->x_dtype, cfg->hidden, &tdesc);
+    snprintf(label, sizeof label, "gpu op=%s x=%s y=%s p=%s aff=%d%d res=%d stats=%d H=%lld rows=%lld pad=%lld tier=%s",
+             cfg->op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(cfg->x_dtype),
+             lnorm_dtype_name(cfg->y_dtype ? cfg->y_dtype : cfg->x_dtype),
+             lnorm_dtype_name(cfg->param_dtype ? cfg->param_dtype : cfg->x_dtype), cfg->gamma, cfg->beta,
+             cfg->residual, cfg->stats, (long long)cfg->hidden, (long long)cfg->rows, (long long)cfg->pad, tdesc);
+    g_cases++;
+    if (lnorm_test_case_make(&tc, cfg, g) != LNORM_OK) {
+        fprintf(stderr, "FAIL %s: out of memory\n", label);
+        g_fails++;
+        return;
+    }
+    long bad = 0;
+    const char *why = NULL;
+    int err = gpu_run(&tc, 0, &why);
+    if (err != LNORM_OK) {
+        fprintf(stderr, "FAIL %s: run returned %s (%s)\n", label, lnorm_errname(err), why ? why : "");
+        bad = 1;
+    } else {
+        bad = lnorm_test_check_segment(&tc.seg, NULL, label);
+        long pads = lnorm_test_case_pad_writes(&tc);
+        if (pads) {
+            fprintf(stderr, "FAIL %s: %ld bytes written in row padding\n", label, pads);
+            bad += pads;
+        }
+        /* GPU vs CPU on the same inputs. */
+        outs gpu;
+        if (outs_take(&gpu, &tc) == 0) {
+            lnorm_test_case_repoison(&tc);
+            int e2 = lnorm_cpu_run_segment(g_cpu, &tc.seg, &why);
+            if (e2) {
+                fprintf(stderr, "FAIL %s: cpu run %s\n", label, lnorm_errname(e2));
+                bad++;
+            } else {
+                lnorm_test_case cpu = tc; /* CPU outputs now in tc's buffers */
+                lnorm_test_case gv = tc;
+                gv.y = gpu.y;
+                gv.residual_out = gpu.ro;
+                gv.mean = gpu.mean;
+                gv.rstd = gpu.rstd;
+                long d = cmp_cpu(&gv, &cpu, label);
+                g_cmp_cpu++;
+                if (d) {
+                    fprintf(stderr, "FAIL %s: %ld gpu/cpu disagreements\n", label, d);
+                    bad += d;
+                }
+            }
+            /* Alignment invariance. */
+            if (check_align) {
+                err = gpu_run(&tc, 1, &why);
+                g_cmp_align++;
+                if (err) {
+                    fprintf(stderr, "FAIL %s misaligned: %s (%s)\n", label, lnorm_errname(err), why ? why : "");
+                    bad++;
+                } else if (!outs_same(&gpu, &tc)) {
+                    fprintf(stderr, "FAIL %s: misaligned run differs from the aligned one\n", label);
+                    bad++;
+                }
+            }
+            outs_free(&gpu);
+        } else {
+            bad++;
+        }
+        if (bad)
+            fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
+    }
+    g_fails += bad != 0;
+    lnorm_test_case_free(&tc);
+}
+
+static void sweep(lnorm_rng *g, int quick)
+{
+    long idx = 0;
+    const int64_t *hs = quick ? quick_h : small_h;
+    size_t nh = quick ? sizeof quick_h / sizeof *quick_h : sizeof small_h / sizeof *small_h;
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+        for (int xi = 0; xi < 3; xi++)
+            for (int yi = 0; yi < 2; yi++)
+                for (int aff = 0; aff < 3; aff++)
+                    for (int pi = 0; pi < 2; pi++)
+                        for (int res = 0; res < 2; res++)
+                            for (int st = 0; st < 2; st++) {
+                                int xdt = dts[xi];
+                                if (aff == 0 && pi == 1)
+                                    continue;
+                                if (quick && (idx % 5) != 0) {
+                                    idx++;
+                                    continue;
+                                }
+                                lnorm_test_case_cfg c = {0};
+                                c.op = op;
+                                c.x_dtype = xdt;
+                                c.y_dtype = yi == 0 ? xdt : (xdt == LNORM_DTYPE_F32 ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32);
+                                c.param_dtype = pi == 0 ? LNORM_DTYPE_F32 : xdt;
+                                c.gamma = aff >= 1;
+                                c.beta = aff >= 2;
+                                c.residual = res;
+                                c.stats = st;
+                                c.x_mean = (idx % 3) * 0.75;
+                                c.x_spread = 1.0 + (idx % 5) * 0.5;
+                                c.eps_mode = (idx % 7 == 3) ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
+                                for (size_t hi = 0; hi < nh; hi++) {
+                                    c.hidden = hs[hi];
+                                    c.rows = c.hidden >= 4096 ? 3 : 5 + (int64_t)(idx % 4);
+                                    c.pad = (idx + hi) % 3 == 0 ? 0 : (int64_t)((idx + hi) % 3) * 7 - 4;
+                                    run_case(&c, g, (idx + hi) % 3 == 0);
+                                }
+                                idx++;
+                            }
+    /* Every tier and the big rows: op x x-dtype x residual, gamma+beta,
+     * stats, a cross y dtype with the residual. */
+    for (int part = 0; part < 2; part++) {
+        const int64_t *list = part ? big_h : tier_h;
+        size_t n = part ? sizeof big_h / sizeof *big_h : sizeof tier_h / sizeof *tier_h;
+        for (size_t hi = 0; hi < n; hi++)
+            for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+                for (int xi = 0; xi < 3; xi++)
+                    for (int res = 0; res < 2; res++) {
+                        if (quick && (xi != 2 || hi % 3))
+                            continue;
+                        lnorm_test_case_cfg c = {0};
+                        c.op = op;
+                        c.x_dtype = dts[xi];
+                        c.y_dtype = res ? LNORM_DTYPE_F32 : dts[xi];
+                        c.param_dtype = res ? dts[xi] : LNORM_DTYPE_F32;
+                        c.gamma = c.beta = 1;
+                        c.residual = res;
+                        c.stats = 1;
+                        c.x_mean = 0.5;
+                        c.x_spread = 2.0;
+                        c.hidden = list[hi];
+                        c.rows = c.hidden > 300000 ? 1 : c.hidden > 4096 ? 2 : 7;
+                        c.pad = res ? 5 : 0;
+                        run_case(&c, g, res == 0 && op == LNORM_OP_LAYERNORM);
+                    }
+    }
+}
+
+/* Batch invariance: NS segments (mixed dtypes, tiers, ops) run alone, then
+ * together in one lnorm_cuda_run (same-tier groups share one launch through
+ * the device table), then in the reverse order: outputs bit-identical. */
+static void batch_invariance(lnorm_rng *g)
+{
+    enum { NS = 9 };
+    static const int64_t hs[NS] = {1000, 700, 1024, 513, 4097, 40000, 33000, 64, 300000};
+    static const int xs[NS] = {LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16,
+                               LNORM_DTYPE_F16, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F16,
+                               LNORM_DTYPE_BF16};
+    lnorm_test_case tc[NS];
+    lnorm_gpu_case gc[NS];
+    outs alone[NS];
+    int ok = 1;
+    long fails = 0;
+    memset(tc, 0, sizeof tc);
+    memset(gc, 0, sizeof gc);
+    memset(alone, 0, sizeof alone);
+    for (int i = 0; i < NS && ok; i++) {
+        lnorm_test_case_cfg c = {0};
+        c.op = i % 3 == 2 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM;
+        c.x_dtype = xs[i];
+        c.param_dtype = LNORM_DTYPE_F32;
+        c.gamma = c.beta = c.op == LNORM_OP_LAYERNORM;
+        c.residual = i % 2;
+        c.stats = 1;
+        c.x_mean = 0.25 * i;
+        c.x_spread = 1.5;
+        c.hidden = hs[i];
+        c.rows = hs[i] > 100000 ? 1 : 3 + i;
+        c.pad = i % 4;
+        ok = lnorm_test_case_make(&tc[i], &c, g) == LNORM_OK && lnorm_gpu_case_make(&gc[i], &tc[i], i % 3 == 1) == LNORM_OK;
+    }
+    lnorm_cuda_ws *ws = NULL;
+    if (ok)
+        ok = lnorm_cuda_ws_create(&ws, 4) == LNORM_OK; /* small: forces several uploads */
+    const char *why = NULL;
+    for (int i = 0; i < NS && ok; i++) {
+        ok = lnorm_cuda_run_segment(&gc[i].seg, NULL, &why) == LNORM_OK && lnorm_gpu_case_fetch(&gc[i], &tc[i]) == LNORM_OK &&
+             outs_take(&alone[i], &tc[i]) == 0;
+        if (ok && lnorm_test_check_segment(&tc[i].seg, NULL, "batch: alone")) {
+            fails++;
+        }
+    }
+    lnorm_segment segs[NS];
+    for (int order = 0; order < 2 && ok; order++) {
+        for (int i = 0; i < NS; i++) {
+            lnorm_gpu_case_free(&gc[i]);
+            lnorm_test_case_repoison(&tc[i]);
+            if (lnorm_gpu_case_make(&gc[i], &tc[i], i % 3 == 1)) {
+                ok = 0;
+                break;
+            }
+            segs[order ? NS - 1 - i : i] = gc[i].seg;
+        }
+        if (!ok)
+            break;
+        lnorm_batch b = {segs, NS};
+        printf("batch of %d segments: %d launches\n", NS, lnorm_cuda_launch_count(&b));
+        int err = lnorm_cuda_run(&b, NULL, ws, &why);
+        if (err) {
+            fprintf(stderr, "FAIL batch run: %s (%s)\n", lnorm_errname(err), why ? why : "");
+            fails++;
+            break;
+        }
+        for (int i = 0; i < NS; i++) {
+            if (lnorm_gpu_case_fetch(&gc[i], &tc[i])) {
+                ok = 0;
+                break;
+            }
+            if (!outs_same(&alone[i], &tc[i])) {
+                fprintf(stderr, "FAIL batch invariance: segment %d (H=%lld) differs in batch order %d\n", i,
+                        (long long)hs[i], order);
+                fails++;
+            }
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "FAIL batch invariance: setup or CUDA failure\n");
+        fails++;
+    }
+    g_cases++;
+    g_fails += fails != 0;
+    printf("batch invariance: %s\n", fails ? "FAIL" : "ok");
+    lnorm_cuda_ws_destroy(ws);
+    for (int i = 0; i < NS; i++) {
+        outs_free(&alone[i]);
+        lnorm_gpu_case_free(&gc[i]);
+        lnorm_test_case_free(&tc[i]);
+    }
+}
+
+/* Bad input gets LNORM_EINVAL and runs nothing. */
+static void bad_input(void)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, 4096) != cudaSuccess) {
+        g_fails++;
+        return;
+    }
+    lnorm_segment s;
+    const char *why = NULL;
+    long fails = 0;
+#define EXPECT_EINVAL(setup)                                                                  \
+    do {                                                                                      \
+        lnorm_segment_init(&s, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 64);                   \
+        s.x = d;                                                                              \
+        s.y = (char *)d + 1024;                                                               \
+        setup;                                                                                \
+        why = NULL;                                                                           \
+        int e_ = lnorm_cuda_run_segment(&s, NULL, &why);                                      \
+        if (e_ != LNORM_EINVAL || !why) {                                                     \
+            fprintf(stderr, "FAIL bad input (%s): got %s\n", #setup, lnorm_errname(e_));      \
+            fails++;                                                                          \
+        }                                                                                     \
+    } while (0)
+    EXPECT_EINVAL(s.eps = 0.0f);
+    EXPECT_EINVAL(s.eps = -1.0f);
+    EXPECT_EINVAL(s.eps = NAN);
+    EXPECT_EINVAL(s.hidden = 0);
+    EXPECT_EINVAL(s.rows = 0);
+    EXPECT_EINVAL(s.x = NULL);
+    EXPECT_EINVAL(s.y = NULL);
+    EXPECT_EINVAL(s.x_stride = 10);
+    EXPECT_EINVAL(s.op = 7);
+    EXPECT_EINVAL(s.x_dtype = 9);
+    EXPECT_EINVAL(s.param_dtype = LNORM_DTYPE_BF16);
+    EXPECT_EINVAL((s.op = LNORM_OP_RMSNORM, s.mean = (float *)d));
+    EXPECT_EINVAL(s.residual = d);
+    EXPECT_EINVAL(s.hidden = (int64_t)LNORM_CORE_MAX_HIDDEN + 1);
+#undef EXPECT_EINVAL
+    /* Two segments without a workspace. */
+    lnorm_segment two[2];
+    lnorm_segment_init(&two[0], LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 1, 16);
+    two[0].x = d;
+    two[0].y = (char *)d + 1024;
+    two[1] = two[0];
+    lnorm_batch b = {two, 2};
+    if (lnorm_cuda_run(&b, NULL, NULL, &why) != LNORM_EINVAL) {
+        fprintf(stderr, "FAIL bad input: two segments without a workspace accepted\n");
+        fails++;
+    }
+    two[1].eps = -1.0f;
+    lnorm_cuda_ws *ws = NULL;
+    if (lnorm_cuda_ws_create(&ws, 8) == LNORM_OK) {
+        if (lnorm_cuda_run(&b, NULL, ws, &why) != LNORM_EINVAL) {
+            fprintf(stderr, "FAIL bad input: a batch with one bad segment accepted\n");
+            fails++;
+        }
+        lnorm_cuda_ws_destroy(ws);
+    } else {
+        fails++;
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        fprintf(stderr, "FAIL bad input: device error after rejected inputs\n");
+        fails++;
+    }
+    cudaFree(d);
+    g_cases++;
+    g_fails += fails != 0;
+    printf("bad input: %s\n", fails ? "FAIL" : "ok");
+}
+
+int main(int argc, char **argv)
+{
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        fprintf(stderr, "FAIL: no usable GPU (this test needs one; it never passes by skipping)\n");
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    if (lnorm_cpu_create(&g_cpu, 0) != LNORM_OK) {
+        fprintf(stderr, "FAIL: lnorm_cpu_create\n");
+        return 1;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 0x6e7d5eedu);
+    bad_input();
+    batch_invariance(&g);
+    sweep(&g, quick);
+    lnorm_cpu_destroy(g_cpu);
+    printf("%s: %ld cases (%ld also against the CPU backend, %ld also misaligned), %ld failed\n",
+           g_fails ? "FAIL" : "PASS", g_cases, g_cmp_cpu, g_cmp_align, g_fails);
+    return g_fails != 0;
+}
