@@ -1,0 +1,11 @@
+/* lnormd built without CUDA: the CUDA backend does not exist. */
+#include "backend.h"
+
+int lnorm__backend_cuda_create(lnorm__backend **out, const char *devices, size_t slot_bytes, int slots_per_gpu)
+{
+    (void)devices;
+    (void)slot_bytes;
+    (void)slots_per_gpu;
+    *out = NULL;
+    return LNORM_ENOTSUP;
+}

@@ -1,0 +1,280 @@
+/* Batch formation and the backend job life cycle. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batcher.h"
+#include "log.h"
+
+struct lnorm__batcher {
+    pthread_mutex_t mu;
+    lnorm__req *head, *tail;  /* the queue, in arrival order */
+    uint64_t qlen, qrows, qbytes;
+    int inflight;             /* jobs on the backend */
+    int closed;               /* loop handles closed: no more wake-ups */
+    lnorm__batcher_opts opts;
+    uv_async_t wake;
+    uv_timer_t timer;
+    lnorm__backend *be;
+    int max_inflight;
+    lnorm__stats *st;
+    lnorm__finish_fn finish;
+    void *arg;
+};
+
+/* A batch on the backend. */
+typedef struct lnorm__bjob {
+    lnorm__job job;          /* first: the backend sees this */
+    lnorm__batcher *b;
+    uint64_t start_ns;
+    size_t n;
+    lnorm__req **reqs;
+    lnorm_segment *segs;
+} lnorm__bjob;
+
+static void lnorm__batcher_kick(lnorm__batcher *b);
+
+static void lnorm__on_wake(uv_async_t *h)
+{
+    lnorm__batcher_kick(h->data);
+}
+
+static void lnorm__on_timer(uv_timer_t *h)
+{
+    lnorm__batcher_kick(h->data);
+}
+
+int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend *be, lnorm__stats *st,
+                          const lnorm__batcher_opts *opts, lnorm__finish_fn finish, void *arg)
+{
+    lnorm__batcher *b = calloc(1, sizeof *b);
+    if (!b)
+        return LNORM_ENOMEM;
+    pthread_mutex_init(&b->mu, NULL);
+    b->opts = *opts;
+    b->be = be;
+    b->max_inflight = be->ops->max_inflight ? be->ops->max_inflight(be) : 1;
+    if (b->max_inflight < 1)
+        b->max_inflight = 1;
+    b->st = st;
+    b->finish = finish;
+    b->arg = arg;
+    if (uv_async_init(loop, &b->wake, lnorm__on_wake) != 0 || uv_timer_init(loop, &b->timer) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        free(b);
+        return LNORM_EINTERNAL;
+    }
+    b->wake.data = b;
+    b->timer.data = b;
+    *out = b;
+    return LNORM_OK;
+}
+
+int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r)
+{
+    r->next = NULL;
+    pthread_mutex_lock(&b->mu);
+    if (b->qlen >= b->opts.max_queue) {
+        pthread_mutex_unlock(&b->mu);
+        return LNORM_EQUEUEFULL;
+    }
+    if (b->closed) {
+        pthread_mutex_unlock(&b->mu);
+        return LNORM_EUNAVAIL;
+    }
+    if (b->tail)
+        b->tail->next = r;
+    else
+        b->head = r;
+    b->tail = r;
+    b->qlen++;
+    b->qrows += r->rows;
+    b->qbytes += r->bytes;
+    atomic_fetch_add(&b->st->queue_depth, 1);
+    uv_async_send(&b->wake); /* under the lock: close cannot race it */
+    pthread_mutex_unlock(&b->mu);
+    return LNORM_OK;
+}
+
+void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts)
+{
+    pthread_mutex_lock(&b->mu);
+    b->opts = *opts;
+    pthread_mutex_unlock(&b->mu);
+    lnorm__batcher_kick(b);
+}
+
+int lnorm__batcher_idle(lnorm__batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    int idle = !b->head && !b->inflight;
+    pthread_mutex_unlock(&b->mu);
+    return idle;
+}
+
+/* Unlink r (whose predecessor is prev) from the queue; lock held. */
+static void lnorm__unlink_locked(lnorm__batcher *b, lnorm__req *prev, lnorm__req *r)
+{
+    if (prev)
+        prev->next = r->next;
+    else
+        b->head = r->next;
+    if (b->tail == r)
+        b->tail = prev;
+    r->next = NULL;
+    b->qlen--;
+    b->qrows -= r->rows;
+    b->qbytes -= r->bytes;
+    atomic_fetch_sub(&b->st->queue_depth, 1);
+}
+
+static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t compute_ns)
+{
+    lnorm__bjob *j = (lnorm__bjob *)job;
+    lnorm__batcher *b = j->b;
+    lnorm__timing t;
+    t.compute_us = compute_ns / 1000;
+    t.batch_rows = (uint32_t)(job->rows > UINT32_MAX ? UINT32_MAX : job->rows);
+    t.batch_requests = (uint32_t)j->n;
+    lnorm__hist_observe(&b->st->compute_seconds, (double)compute_ns / 1e9);
+    if (err) {
+        atomic_fetch_add(&b->st->backend_errors, 1);
+        LOG_ERROR("backend %s failed a batch of %zu requests: %s (%s)", b->be->ops->name, j->n, lnorm_strerror(err),
+                  why ? why : "-");
+    } else {
+        atomic_fetch_add(&b->st->rows, job->rows);
+    }
+    for (size_t i = 0; i < j->n; i++) {
+        lnorm__req *r = j->reqs[i];
+        t.queue_us = (j->start_ns - r->recv_ns) / 1000;
+        b->finish(b->arg, r, err, why, &t);
+    }
+    free(j);
+    pthread_mutex_lock(&b->mu);
+    b->inflight--;
+    atomic_fetch_sub(&b->st->batches_inflight, 1);
+    if (!b->closed)
+        uv_async_send(&b->wake); /* under the lock: close cannot race it */
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Take one batch from the head of the queue; lock held, queue not empty. */
+static lnorm__bjob *lnorm__take_locked(lnorm__batcher *b)
+{
+    size_t n = 0;
+    uint64_t rows = 0, bytes = 0;
+    for (lnorm__req *r = b->head; r; r = r->next) {
+        if (n > 0 && (rows + r->rows > b->opts.max_batch_rows || bytes + r->bytes > b->opts.max_batch_bytes))
+            break;
+        n++;
+        rows += r->rows;
+        bytes += r->bytes;
+    }
+    lnorm__bjob *j = malloc(sizeof *j + n * (sizeof(lnorm__req *) + sizeof(lnorm_segment)));
+    if (!j)
+        return NULL;
+    memset(j, 0, sizeof *j);
+    j->segs = (lnorm_segment *)(j + 1);
+    j->reqs = (lnorm__req **)(j->segs + n);
+    j->b = b;
+    for (size_t i = 0; i < n; i++) {
+        lnorm__req *r = b->head;
+        lnorm__unlink_locked(b, NULL, r);
+        j->reqs[i] = r;
+        j->segs[i] = r->dec.seg;
+    }
+    j->n = n;
+    j->job.batch.segs = j->segs;
+    j->job.batch.nsegs = n;
+    j->job.rows = rows;
+    j->job.bytes = bytes;
+    j->job.done = lnorm__job_done;
+    j->job.arg = b;
+    return j;
+}
+
+static void lnorm__batcher_kick(lnorm__batcher *b)
+{
+    lnorm__req *expired = NULL, **exp_tail = &expired;
+    lnorm__bjob *jobs[64];
+    int njobs = 0;
+    uint64_t now = lnorm__now_ns(), wake_at = 0;
+
+    pthread_mutex_lock(&b->mu);
+    /* Requests past their deadline leave the queue uncomputed. */
+    for (lnorm__req *prev = NULL, *r = b->head; r;) {
+        lnorm__req *next = r->next;
+        if (r->deadline_ns && now >= r->deadline_ns) {
+            lnorm__unlink_locked(b, prev, r);
+            *exp_tail = r;
+            exp_tail = &r->next;
+        } else {
+            prev = r;
+        }
+        r = next;
+    }
+    while (b->head && b->inflight < b->max_inflight && njobs < 64) {
+        uint64_t ready_at = b->head->recv_ns + b->opts.max_queue_delay_us * 1000;
+        if (b->opts.max_queue_delay_us && now < ready_at && b->qrows < b->opts.max_batch_rows &&
+            b->qbytes < b->opts.max_batch_bytes) {
+            wake_at = ready_at;
+            break;
+        }
+        lnorm__bjob *j = lnorm__take_locked(b);
+        if (!j) {
+            wake_at = now + 1000000; /* out of memory: retry in 1 ms */
+            break;
+        }
+        b->inflight++;
+        atomic_fetch_add(&b->st->batches_inflight, 1);
+        jobs[njobs++] = j;
+    }
+    for (lnorm__req *r = b->head; r; r = r->next)
+        if (r->deadline_ns && (!wake_at || r->deadline_ns < wake_at))
+            wake_at = r->deadline_ns;
+    pthread_mutex_unlock(&b->mu);
+
+    if (wake_at) {
+        uint64_t ms = wake_at > now ? (wake_at - now + 999999) / 1000000 : 0;
+        uv_timer_start(&b->timer, lnorm__on_timer, ms, 0);
+    } else {
+        uv_timer_stop(&b->timer);
+    }
+    while (expired) {
+        lnorm__req *r = expired;
+        expired = r->next;
+        r->next = NULL;
+        lnorm__timing t = {(now - r->recv_ns) / 1000, 0, 0, 0};
+        b->finish(b->arg, r, LNORM_ETIMEDOUT, "deadline exceeded while queued", &t);
+    }
+    for (int i = 0; i < njobs; i++) {
+        lnorm__bjob *j = jobs[i];
+        j->start_ns = lnorm__now_ns();
+        atomic_fetch_add(&b->st->batches, 1);
+        lnorm__hist_observe(&b->st->batch_rows, (double)j->job.rows);
+        lnorm__hist_observe(&b->st->batch_requests, (double)j->n);
+        for (size_t k = 0; k < j->n; k++)
+            lnorm__hist_observe(&b->st->queue_seconds, (double)(j->start_ns - j->reqs[k]->recv_ns) / 1e9);
+        int rc = b->be->ops->submit(b->be, &j->job);
+        if (rc != LNORM_OK)
+            lnorm__job_done(&j->job, rc, "backend refused the batch", 0);
+    }
+}
+
+void lnorm__batcher_close(lnorm__batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->closed = 1;
+    pthread_mutex_unlock(&b->mu);
+    uv_timer_stop(&b->timer);
+    uv_close((uv_handle_t *)&b->timer, NULL);
+    uv_close((uv_handle_t *)&b->wake, NULL);
+}
+
+void lnorm__batcher_destroy(lnorm__batcher *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}

@@ -1,0 +1,46 @@
+/*
+ * The batcher, the same for every backend. Requests queue (from any
+ * thread); on the daemon's loop thread, batches are formed from the head of
+ * the queue up to max_batch_rows / max_batch_bytes, waiting at most
+ * max_queue_delay_us for a batch to fill (0: take whatever queued while the
+ * backend was busy), and submitted while the backend has room. Requests of
+ * any shape, dtype and op share a batch as segments. A request whose
+ * deadline passes while queued is answered DEADLINE_EXCEEDED and never
+ * computed. Every request submitted is finished exactly once.
+ */
+#ifndef LNORM_SERVER_BATCHER_H
+#define LNORM_SERVER_BATCHER_H
+
+#include <uv.h>
+
+#include "backend.h"
+#include "request.h"
+#include "stats.h"
+
+typedef struct lnorm__batcher lnorm__batcher;
+
+typedef struct lnorm__batcher_opts {
+    uint64_t max_batch_rows;
+    uint64_t max_batch_bytes;
+    uint64_t max_queue_delay_us;
+    uint64_t max_queue;
+} lnorm__batcher_opts;
+
+/* Called once per request, from any thread: err LNORM_OK with outputs
+ * written, or an error (why: a message or NULL). Takes ownership of r. */
+typedef void (*lnorm__finish_fn)(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t);
+
+int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend *be, lnorm__stats *st,
+                          const lnorm__batcher_opts *opts, lnorm__finish_fn finish, void *arg);
+/* Queue a request (any thread). LNORM_EQUEUEFULL: not queued, caller keeps r. */
+int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r);
+/* Change the options (loop thread). */
+void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts);
+/* 1 when nothing is queued or running. */
+int lnorm__batcher_idle(lnorm__batcher *b);
+/* Close the loop handles (loop thread; the batcher must be idle). */
+void lnorm__batcher_close(lnorm__batcher *b);
+/* Free after the loop has run the close callbacks. */
+void lnorm__batcher_destroy(lnorm__batcher *b);
+
+#endif

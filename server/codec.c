@@ -1,0 +1,260 @@
+/* Decoding + validation of lnorm.v1.Request, packing of lnorm.v1.Response. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codec.h"
+#include "lnorm/errors.h"
+
+static int lnorm__fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int lnorm__fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* a * b, or 0 with *ovf set when it does not fit in size_t. */
+static size_t lnorm__mul(uint64_t a, uint64_t b, int *ovf)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r) || r > (uint64_t)SIZE_MAX) {
+        *ovf = 1;
+        return 0;
+    }
+    return (size_t)r;
+}
+
+/* Peek request_id (field 1, varint) when it is the first field. */
+static uint64_t lnorm__peek_request_id(const uint8_t *buf, size_t len)
+{
+    if (len < 2 || buf[0] != 0x08)
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = 1; i < len && i < 11; i++) {
+        v |= (uint64_t)(buf[i] & 0x7f) << (7 * (i - 1));
+        if (!(buf[i] & 0x80))
+            return v;
+    }
+    return 0;
+}
+
+static int lnorm__dtype_ok(int dt)
+{
+    return dt == LNORM_DTYPE_F32 || dt == LNORM_DTYPE_F16 || dt == LNORM_DTYPE_BF16;
+}
+
+int lnorm__codec_params_id_ok(const char *id)
+{
+    size_t n = id ? strlen(id) : 0;
+    if (n < 1 || n > 128)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+              c == '.' || c == ':' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static uint64_t lnorm__max_hidden(const lnorm__limits *lim)
+{
+    return lim->max_hidden < LNORM_CORE_MAX_HIDDEN ? lim->max_hidden : LNORM_CORE_MAX_HIDDEN;
+}
+
+static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const lnorm__limits *lim,
+                                  lnorm__decoded *d, char *err, size_t errlen)
+{
+    if (n->op != LNORM__V1__OP__OP_LAYER_NORM && n->op != LNORM__V1__OP__OP_RMS_NORM)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.op: %d is not OP_LAYER_NORM or OP_RMS_NORM", (int)n->op);
+    if (!lnorm__dtype_ok(n->x_dtype))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.x_dtype: %d is not F32, F16 or BF16", (int)n->x_dtype);
+    int ydt = n->y_dtype == LNORM__V1__DTYPE__DTYPE_UNSPECIFIED ? (int)n->x_dtype : (int)n->y_dtype;
+    if (!lnorm__dtype_ok(ydt))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.y_dtype: unknown dtype %d", (int)n->y_dtype);
+    if (n->eps_mode != LNORM__V1__EPS_MODE__EPS_INSIDE_SQRT && n->eps_mode != LNORM__V1__EPS_MODE__EPS_OUTSIDE_SQRT)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.eps_mode: unknown value %d", (int)n->eps_mode);
+    float eps = LNORM_DEFAULT_EPS;
+    if (n->eps_present_case == LNORM__V1__NORMALIZE_REQUEST__EPS_PRESENT_EPS) {
+        eps = n->eps;
+        if (!isfinite(eps) || !(eps > 0.0f))
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.eps: %g is not finite and > 0", (double)eps);
+    }
+    if (n->rows < 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.rows: must be >= 1");
+    if (n->hidden < 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.hidden: must be >= 1");
+    if (n->rows > lim->max_rows)
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "normalize.rows: %llu exceeds max-rows %llu",
+                           (unsigned long long)n->rows, (unsigned long long)lim->max_rows);
+    if (n->hidden > lnorm__max_hidden(lim))
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "normalize.hidden: %llu exceeds max-hidden %llu",
+                           (unsigned long long)n->hidden, (unsigned long long)lnorm__max_hidden(lim));
+    int ovf = 0;
+    size_t elems = lnorm__mul(n->rows, n->hidden, &ovf);
+    size_t xbytes = lnorm__mul(elems, lnorm_dtype_size(n->x_dtype), &ovf);
+    size_t ybytes = lnorm__mul(elems, lnorm_dtype_size(ydt), &ovf);
+    size_t sbytes = lnorm__mul(n->rows, 4, &ovf);
+    if (ovf || xbytes > lim->max_message_bytes)
+        return lnorm__fail(err, errlen, LNORM_ELIMIT,
+                           "normalize.rows x hidden: %llu x %llu %s elements exceed max-message-bytes",
+                           (unsigned long long)n->rows, (unsigned long long)n->hidden, lnorm_dtype_name(n->x_dtype));
+    if (n->x.len != xbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL,
+                           "normalize.x: %zu bytes, but rows x hidden x %s = %llu x %llu x %zu = %zu",
+                           n->x.len, lnorm_dtype_name(n->x_dtype), (unsigned long long)n->rows,
+                           (unsigned long long)n->hidden, lnorm_dtype_size(n->x_dtype), xbytes);
+    if (n->residual.len != 0 && n->residual.len != xbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.residual: %zu bytes, expected 0 or %zu (the shape and dtype of x)",
+                           n->residual.len, xbytes);
+
+    lnorm_segment *s = &d->seg;
+    lnorm_segment_init(s, (lnorm_op)n->op, (lnorm_dtype)n->x_dtype, (int64_t)n->rows, (int64_t)n->hidden);
+    s->y_dtype = ydt;
+    s->eps = eps;
+    s->eps_mode = (int32_t)n->eps_mode;
+    s->x = n->x.data;
+    d->in_bytes = xbytes;
+    if (n->residual.len) {
+        s->residual = n->residual.data;
+        d->res_out_bytes = xbytes;
+        d->in_bytes += xbytes;
+    }
+    const Lnorm__V1__Affine *a = n->affine;
+    if (a) {
+        int has_id = a->params_id && a->params_id[0];
+        if (has_id) {
+            if (a->gamma.len || a->beta.len || a->dtype != LNORM__V1__DTYPE__DTYPE_UNSPECIFIED)
+                return lnorm__fail(err, errlen, LNORM_EINVAL,
+                                   "normalize.affine: params_id and inline gamma/beta/dtype are exclusive");
+            if (!lnorm__codec_params_id_ok(a->params_id))
+                return lnorm__fail(err, errlen, LNORM_EINVAL,
+                                   "normalize.affine.params_id: must be 1..128 bytes of [A-Za-z0-9_.:-]");
+            d->params_id = a->params_id;
+        } else {
+            int pdt = a->dtype == LNORM__V1__DTYPE__DTYPE_UNSPECIFIED ? (int)n->x_dtype : (int)a->dtype;
+            if (pdt != LNORM_DTYPE_F32 && pdt != (int)n->x_dtype)
+                return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.affine.dtype: %d must be F32 or x_dtype",
+                                   (int)a->dtype);
+            size_t pbytes = lnorm__mul(n->hidden, lnorm_dtype_size(pdt), &ovf);
+            if (a->gamma.len != 0 && a->gamma.len != pbytes)
+                return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.affine.gamma: %zu bytes, expected 0 or hidden x %s = %zu",
+                                   a->gamma.len, lnorm_dtype_name(pdt), pbytes);
+            if (a->beta.len != 0 && a->beta.len != pbytes)
+                return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.affine.beta: %zu bytes, expected 0 or hidden x %s = %zu",
+                                   a->beta.len, lnorm_dtype_name(pdt), pbytes);
+            s->param_dtype = pdt;
+            s->gamma = a->gamma.len ? a->gamma.data : NULL;
+            s->beta = a->beta.len ? a->beta.data : NULL;
+            d->in_bytes += a->gamma.len + a->beta.len;
+        }
+    }
+    d->y_bytes = ybytes;
+    d->stat_bytes = sbytes;
+    d->want_rstd = n->want_stats ? 1 : 0;
+    d->want_mean = n->want_stats && n->op == LNORM__V1__OP__OP_LAYER_NORM;
+    return LNORM_OK;
+}
+
+int lnorm__codec_check_register(const Lnorm__V1__RegisterParamsRequest *r, const lnorm__limits *lim, char *err,
+                                size_t errlen)
+{
+    if (!lnorm__codec_params_id_ok(r->params_id))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "register_params.params_id: must be 1..128 bytes of [A-Za-z0-9_.:-]");
+    if (!lnorm__dtype_ok(r->dtype))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "register_params.dtype: %d is not F32, F16 or BF16", (int)r->dtype);
+    if (r->hidden < 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "register_params.hidden: must be >= 1");
+    if (r->hidden > lnorm__max_hidden(lim))
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "register_params.hidden: %llu exceeds max-hidden %llu",
+                           (unsigned long long)r->hidden, (unsigned long long)lnorm__max_hidden(lim));
+    size_t pbytes = (size_t)r->hidden * lnorm_dtype_size(r->dtype);
+    if (r->gamma.len != 0 && r->gamma.len != pbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "register_params.gamma: %zu bytes, expected 0 or hidden x %s = %zu",
+                           r->gamma.len, lnorm_dtype_name(r->dtype), pbytes);
+    if (r->beta.len != 0 && r->beta.len != pbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "register_params.beta: %zu bytes, expected 0 or hidden x %s = %zu",
+                           r->beta.len, lnorm_dtype_name(r->dtype), pbytes);
+    if (!r->gamma.len && !r->beta.len)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "register_params: gamma and beta are both empty");
+    return LNORM_OK;
+}
+
+int lnorm__codec_decode_request(const uint8_t *buf, size_t len, const lnorm__limits *lim, ProtobufCAllocator *alloc,
+                                lnorm__decoded *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    out->alloc = alloc;
+    if (err && errlen)
+        err[0] = 0;
+    if (len > lim->max_message_bytes) {
+        out->request_id = lnorm__peek_request_id(buf, len);
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "message: %zu bytes exceeds max-message-bytes %llu", len,
+                           (unsigned long long)lim->max_message_bytes);
+    }
+    out->msg = lnorm__v1__request__unpack(alloc, len, buf);
+    if (!out->msg) {
+        out->request_id = lnorm__peek_request_id(buf, len);
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "message: not a valid lnorm.v1.Request (truncated or malformed protobuf)");
+    }
+    const Lnorm__V1__Request *m = out->msg;
+    out->request_id = m->request_id;
+    out->deadline_us = m->deadline_us;
+    out->kind = (int)m->body_case;
+    switch (m->body_case) {
+    case LNORM__V1__REQUEST__BODY_NORMALIZE:
+        return lnorm__check_normalize(m->normalize, lim, out, err, errlen);
+    case LNORM__V1__REQUEST__BODY_REGISTER_PARAMS:
+        return lnorm__codec_check_register(m->register_params, lim, err, errlen);
+    case LNORM__V1__REQUEST__BODY_DROP_PARAMS:
+        if (!lnorm__codec_params_id_ok(m->drop_params->params_id))
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "drop_params.params_id: must be 1..128 bytes of [A-Za-z0-9_.:-]");
+        return LNORM_OK;
+    case LNORM__V1__REQUEST__BODY_HEALTH:
+    case LNORM__V1__REQUEST__BODY_INFO:
+        return LNORM_OK;
+    default:
+        out->kind = LNORM__REQ_NONE;
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "body: no request body set (or an unknown one)");
+    }
+}
+
+void lnorm__codec_decoded_free(lnorm__decoded *d)
+{
+    if (d->msg)
+        lnorm__v1__request__free_unpacked(d->msg, d->alloc);
+    d->msg = NULL;
+}
+
+int lnorm__codec_pack(const Lnorm__V1__Response *r, nng_msg **out)
+{
+    size_t n = lnorm__v1__response__get_packed_size(r);
+    nng_msg *m;
+    if (nng_msg_alloc(&m, n) != 0)
+        return LNORM_ENOMEM;
+    size_t w = lnorm__v1__response__pack(r, nng_msg_body(m));
+    if (w != n) {
+        nng_msg_free(m);
+        return LNORM_EINTERNAL;
+    }
+    *out = m;
+    return LNORM_OK;
+}
+
+int lnorm__codec_pack_error(uint64_t request_id, int err, const char *message, nng_msg **out)
+{
+    Lnorm__V1__Response r = LNORM__V1__RESPONSE__INIT;
+    Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
+    st.code = (Lnorm__V1__Code)lnorm_err_to_status(err);
+    st.message = (char *)(message && *message ? message : lnorm_strerror(err));
+    r.request_id = request_id;
+    r.status = &st;
+    return lnorm__codec_pack(&r, out);
+}

@@ -1,0 +1,62 @@
+/*
+ * lnormd's configuration: ONE table (name, kind, bounds, default, help)
+ * drives the command-line flags, the config file (key = value lines, the
+ * same names without "--") and --help. Flags override the file.
+ */
+#ifndef LNORM_SERVER_CONFIG_H
+#define LNORM_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define LNORM__MAX_LISTEN 16
+#define LNORM__STR_MAX 1024
+
+typedef struct lnorm__config {
+    char listen[LNORM__MAX_LISTEN][LNORM__STR_MAX];
+    int nlisten;
+    char http[LNORM__STR_MAX];
+    char ready_file[LNORM__STR_MAX];
+    char backend[16];
+    char cuda_devices[LNORM__STR_MAX];
+    uint64_t cuda_slot_bytes;
+    uint64_t cuda_slots;
+    uint64_t cpu_threads;
+    uint64_t cpu_jobs;
+    uint64_t max_batch_rows;
+    uint64_t max_batch_bytes;
+    uint64_t max_queue_delay_us;
+    uint64_t max_queue;
+    uint64_t max_message_bytes;
+    uint64_t max_rows;
+    uint64_t max_hidden;
+    uint64_t max_params_bytes;
+    uint64_t contexts;
+    uint64_t drain_timeout_ms;
+    int log_level;
+    char config_file[LNORM__STR_MAX];
+    char tls_cert[LNORM__STR_MAX];
+    char tls_key[LNORM__STR_MAX];
+    char tls_ca[LNORM__STR_MAX];
+    bool tls_verify_peer;
+} lnorm__config;
+
+/* What lnorm__config_from_args asks the caller to do. */
+enum { LNORM__CFG_RUN = 0, LNORM__CFG_HELP = 1, LNORM__CFG_VERSION = 2 };
+
+/* Fill cfg from defaults, then the --config file, then the flags. Returns
+ * LNORM__CFG_RUN/HELP/VERSION, or -1 after writing a message to errbuf. */
+int lnorm__config_from_args(lnorm__config *cfg, int argc, char **argv, char *errbuf, size_t errlen);
+
+/* Re-read the config file (SIGHUP) into *out, starting from defaults; the
+ * caller picks the keys that can change at run time. 0 or -1 (errbuf). */
+int lnorm__config_reload(const char *path, lnorm__config *out, char *errbuf, size_t errlen);
+
+/* --help text: every key with its bounds, default and help. */
+void lnorm__config_usage(FILE *f, const char *prog);
+
+/* deploy/lnormd.conf-style listing of every key with its default. */
+void lnorm__config_print_defaults(FILE *f);
+
+#endif

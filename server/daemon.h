@@ -1,0 +1,45 @@
+/* The daemon object: the long-lived handles tied together (one per process). */
+#ifndef LNORM_SERVER_DAEMON_H
+#define LNORM_SERVER_DAEMON_H
+
+#include <stdatomic.h>
+
+#include <uv.h>
+
+#include "backend.h"
+#include "batcher.h"
+#include "codec.h"
+#include "config.h"
+#include "http.h"
+#include "params.h"
+#include "stats.h"
+#include "transport.h"
+
+typedef struct lnorm__daemon {
+    lnorm__config cfg;
+    lnorm__limits lim;
+    uv_loop_t loop;
+    uv_signal_t sig_int, sig_term, sig_hup;
+    uv_timer_t housekeeping;
+    lnorm__backend *be;
+    ProtobufCAllocator pb_alloc;   /* through be->buf_alloc when it has one */
+    ProtobufCAllocator *pb_allocp; /* NULL: protobuf-c's default */
+    lnorm__batcher *batcher;
+    lnorm__params *params;
+    lnorm__transport *tp;
+    lnorm__http *http;
+    lnorm__stats stats;
+    atomic_int serving;            /* 1 once ready, 0 while draining */
+    int draining;
+    uint64_t drain_start_ns;
+    uint64_t last_stats_log_ns;
+} lnorm__daemon;
+
+/* The transport's message handler (dispatch.c). */
+void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg);
+/* The batcher's finish handler (dispatch.c). */
+void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t);
+/* Set d->pb_alloc from the backend (dispatch.c). */
+void lnorm__dispatch_init_alloc(lnorm__daemon *d);
+
+#endif

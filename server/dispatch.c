@@ -1,0 +1,309 @@
+/*
+ * Request dispatch: decode + validate a message, answer control requests
+ * (Health, Info, RegisterParams, DropParams) at once, hand Normalize to the
+ * batcher, and turn finished requests into replies.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "log.h"
+
+static void *lnorm__pb_alloc(void *data, size_t n)
+{
+    lnorm__backend *be = data;
+    return be->ops->buf_alloc(be, n ? n : 1);
+}
+
+static void lnorm__pb_free(void *data, void *p)
+{
+    lnorm__backend *be = data;
+    if (p)
+        be->ops->buf_free(be, p);
+}
+
+void lnorm__dispatch_init_alloc(lnorm__daemon *d)
+{
+    d->pb_allocp = NULL;
+    if (d->be->ops->buf_alloc && d->be->ops->buf_free) {
+        d->pb_alloc.alloc = lnorm__pb_alloc;
+        d->pb_alloc.free = lnorm__pb_free;
+        d->pb_alloc.allocator_data = d->be;
+        d->pb_allocp = &d->pb_alloc;
+    }
+}
+
+static void *lnorm__obuf(lnorm__daemon *d, size_t n)
+{
+    return d->be->ops->buf_alloc ? d->be->ops->buf_alloc(d->be, n ? n : 1) : malloc(n ? n : 1);
+}
+
+static void lnorm__obuf_free(lnorm__daemon *d, void *p)
+{
+    if (!p)
+        return;
+    if (d->be->ops->buf_free)
+        d->be->ops->buf_free(d->be, p);
+    else
+        free(p);
+}
+
+/* Send a packed reply (or nothing on OOM) and account for it. */
+static void lnorm__send(lnorm__daemon *d, void *slot, int code, nng_msg *m)
+{
+    lnorm__stats_reply(&d->stats, code);
+    if (m)
+        atomic_fetch_add(&d->stats.bytes_out, nng_msg_len(m));
+    else
+        LOG_ERROR("out of memory packing a reply; request dropped");
+    atomic_fetch_sub(&d->stats.inflight, 1);
+    lnorm__transport_reply(slot, m);
+}
+
+static void lnorm__reply_error(lnorm__daemon *d, void *slot, uint64_t id, int err, const char *msg)
+{
+    nng_msg *m = NULL;
+    LOG_DEBUG("request %llu: %s: %s", (unsigned long long)id, lnorm_errname(err), msg ? msg : "");
+    lnorm__codec_pack_error(id, err, msg, &m);
+    lnorm__send(d, slot, lnorm_err_to_status(err), m);
+}
+
+static void lnorm__reply_body(lnorm__daemon *d, void *slot, Lnorm__V1__Response *r)
+{
+    Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
+    r->status = &st;
+    nng_msg *m = NULL;
+    lnorm__codec_pack(r, &m);
+    lnorm__send(d, slot, 0, m);
+}
+
+static void lnorm__req_free(lnorm__daemon *d, lnorm__req *r)
+{
+    lnorm__obuf_free(d, r->y);
+    lnorm__obuf_free(d, r->mean);
+    lnorm__obuf_free(d, r->rstd);
+    lnorm__obuf_free(d, r->res_out);
+    lnorm__params_put(r->pset);
+    lnorm__codec_decoded_free(&r->dec);
+    free(r);
+}
+
+static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
+{
+    Lnorm__V1__Response r = LNORM__V1__RESPONSE__INIT;
+    Lnorm__V1__InfoResponse info = LNORM__V1__INFO_RESPONSE__INIT;
+    Lnorm__V1__Limits lim = LNORM__V1__LIMITS__INIT;
+    lnorm__device_info dev[16];
+    Lnorm__V1__Device pdev[16], *pdevp[16];
+    char *backends[2] = {(char *)d->be->ops->name, "cpu"};
+    int ndev = d->be->ops->devices ? d->be->ops->devices(d->be, dev, 16) : 0;
+    for (int i = 0; i < ndev; i++) {
+        lnorm__v1__device__init(&pdev[i]);
+        pdev[i].backend = dev[i].backend;
+        pdev[i].name = dev[i].name;
+        pdev[i].memory_bytes = dev[i].memory_bytes;
+        pdev[i].index = dev[i].index;
+        pdevp[i] = &pdev[i];
+    }
+    info.version = LNORM_VERSION;
+    info.backends = backends;
+    info.n_backends = strcmp(d->be->ops->name, "cpu") ? 2 : 1;
+    info.devices = pdevp;
+    info.n_devices = (size_t)ndev;
+    lim.max_message_bytes = d->cfg.max_message_bytes;
+    lim.max_rows = d->cfg.max_rows;
+    lim.max_hidden = d->lim.max_hidden;
+    lim.max_batch_rows = d->cfg.max_batch_rows;
+    lim.max_batch_bytes = d->cfg.max_batch_bytes;
+    lim.max_queue_requests = d->cfg.max_queue;
+    lim.max_params_bytes = d->cfg.max_params_bytes;
+    info.limits = &lim;
+    r.request_id = id;
+    r.body_case = LNORM__V1__RESPONSE__BODY_INFO;
+    r.info = &info;
+    lnorm__reply_body(d, slot, &r);
+}
+
+/* Normalize: resolve params, allocate outputs, queue. Takes dec. */
+static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *dec, uint64_t recv_ns)
+{
+    char err[256];
+    lnorm__req *r = calloc(1, sizeof *r);
+    if (!r) {
+        lnorm__reply_error(d, slot, dec->request_id, LNORM_ENOMEM, "out of memory");
+        lnorm__codec_decoded_free(dec);
+        return;
+    }
+    r->dec = *dec;
+    r->slot = slot;
+    r->recv_ns = recv_ns;
+    if (dec->deadline_us)
+        r->deadline_ns = recv_ns + (dec->deadline_us > UINT64_MAX / 4000 ? UINT64_MAX / 4 : dec->deadline_us * 1000);
+    lnorm_segment *s = &r->dec.seg;
+    int rc = LNORM_OK;
+    if (r->dec.params_id) {
+        if (lnorm__params_get(d->params, r->dec.params_id, &r->pset) != LNORM_OK) {
+            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' is not registered", r->dec.params_id);
+            rc = LNORM_ENOTFOUND;
+        } else if (r->pset->hidden != (uint64_t)s->hidden) {
+            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' has hidden %llu, the request %lld",
+                     r->dec.params_id, (unsigned long long)r->pset->hidden, (long long)s->hidden);
+            rc = LNORM_EINVAL;
+        } else if (r->pset->dtype != LNORM_DTYPE_F32 && r->pset->dtype != s->x_dtype) {
+            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' is %s, x is %s (params must be f32 or x's dtype)",
+                     r->dec.params_id, lnorm_dtype_name(r->pset->dtype), lnorm_dtype_name(s->x_dtype));
+            rc = LNORM_EINVAL;
+        } else {
+            s->param_dtype = r->pset->dtype;
+            s->gamma = r->pset->gamma;
+            s->beta = r->pset->beta;
+        }
+    }
+    if (rc == LNORM_OK) {
+        r->y = lnorm__obuf(d, r->dec.y_bytes);
+        if (r->dec.want_mean)
+            r->mean = lnorm__obuf(d, r->dec.stat_bytes);
+        if (r->dec.want_rstd)
+            r->rstd = lnorm__obuf(d, r->dec.stat_bytes);
+        if (r->dec.res_out_bytes)
+            r->res_out = lnorm__obuf(d, r->dec.res_out_bytes);
+        if (!r->y || (r->dec.want_mean && !r->mean) || (r->dec.want_rstd && !r->rstd) ||
+            (r->dec.res_out_bytes && !r->res_out)) {
+            snprintf(err, sizeof err, "out of memory for the outputs");
+            rc = LNORM_ENOMEM;
+        }
+    }
+    if (rc == LNORM_OK) {
+        s->y = r->y;
+        s->mean = r->mean;
+        s->rstd = r->rstd;
+        s->residual_out = r->res_out;
+        r->rows = (uint64_t)s->rows;
+        r->bytes = r->dec.in_bytes + r->dec.y_bytes + r->dec.res_out_bytes +
+                   (r->mean ? r->dec.stat_bytes : 0) + (r->rstd ? r->dec.stat_bytes : 0);
+        rc = lnorm__batcher_submit(d->batcher, r);
+        if (rc == LNORM_EQUEUEFULL)
+            snprintf(err, sizeof err, "queue full: %llu requests waiting (max-queue)",
+                     (unsigned long long)d->cfg.max_queue);
+        else if (rc != LNORM_OK)
+            snprintf(err, sizeof err, "shutting down");
+    }
+    if (rc != LNORM_OK) {
+        lnorm__reply_error(d, slot, r->dec.request_id, rc, err);
+        lnorm__req_free(d, r);
+    }
+}
+
+void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
+{
+    lnorm__daemon *d = arg;
+    uint64_t recv_ns = lnorm__now_ns();
+    char err[256];
+    lnorm__decoded dec;
+    size_t len = nng_msg_len(msg);
+    atomic_fetch_add(&d->stats.inflight, 1);
+    atomic_fetch_add(&d->stats.bytes_in, len);
+    int rc = lnorm__codec_decode_request(nng_msg_body(msg), len, &d->lim, d->pb_allocp, &dec, err, sizeof err);
+    nng_msg_free(msg);
+    if (rc != LNORM_OK) {
+        lnorm__reply_error(d, slot, dec.request_id, rc, err);
+        lnorm__codec_decoded_free(&dec);
+        return;
+    }
+    Lnorm__V1__Request *m = dec.msg;
+    Lnorm__V1__Response r = LNORM__V1__RESPONSE__INIT;
+    r.request_id = dec.request_id;
+    switch (dec.kind) {
+    case LNORM__REQ_NORMALIZE:
+        lnorm__do_normalize(d, slot, &dec, recv_ns);
+        return; /* dec is owned by the request now */
+    case LNORM__REQ_HEALTH: {
+        Lnorm__V1__HealthResponse h = LNORM__V1__HEALTH_RESPONSE__INIT;
+        h.serving = atomic_load(&d->serving) ? 1 : 0;
+        r.body_case = LNORM__V1__RESPONSE__BODY_HEALTH;
+        r.health = &h;
+        lnorm__reply_body(d, slot, &r);
+        break;
+    }
+    case LNORM__REQ_INFO:
+        lnorm__do_info(d, slot, dec.request_id);
+        break;
+    case LNORM__REQ_REGISTER: {
+        const Lnorm__V1__RegisterParamsRequest *p = m->register_params;
+        rc = lnorm__params_register(d->params, p->params_id, p->dtype, p->hidden, p->gamma.data, p->gamma.len,
+                                    p->beta.data, p->beta.len);
+        if (rc == LNORM_OK) {
+            Lnorm__V1__RegisterParamsResponse body = LNORM__V1__REGISTER_PARAMS_RESPONSE__INIT;
+            r.body_case = LNORM__V1__RESPONSE__BODY_REGISTER_PARAMS;
+            r.register_params = &body;
+            LOG_INFO("params '%s' registered (%s, hidden %llu)", p->params_id, lnorm_dtype_name(p->dtype),
+                     (unsigned long long)p->hidden);
+            lnorm__reply_body(d, slot, &r);
+        } else {
+            snprintf(err, sizeof err, "register_params.params_id '%s': %s%s", p->params_id,
+                     rc == LNORM_EEXIST ? "already registered (drop it first to replace it)" : lnorm_strerror(rc),
+                     rc == LNORM_ELIMIT ? " (max-params-bytes)" : "");
+            lnorm__reply_error(d, slot, dec.request_id, rc, err);
+        }
+        break;
+    }
+    case LNORM__REQ_DROP:
+        rc = lnorm__params_drop(d->params, m->drop_params->params_id);
+        if (rc == LNORM_OK) {
+            Lnorm__V1__DropParamsResponse body = LNORM__V1__DROP_PARAMS_RESPONSE__INIT;
+            r.body_case = LNORM__V1__RESPONSE__BODY_DROP_PARAMS;
+            r.drop_params = &body;
+            LOG_INFO("params '%s' dropped", m->drop_params->params_id);
+            lnorm__reply_body(d, slot, &r);
+        } else {
+            snprintf(err, sizeof err, "drop_params.params_id: '%s' is not registered", m->drop_params->params_id);
+            lnorm__reply_error(d, slot, dec.request_id, rc, err);
+        }
+        break;
+    default:
+        lnorm__reply_error(d, slot, dec.request_id, LNORM_EINVAL, "body: unknown request");
+        break;
+    }
+    lnorm__codec_decoded_free(&dec);
+}
+
+void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
+{
+    lnorm__daemon *d = arg;
+    if (err != LNORM_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
+        lnorm__reply_error(d, r->slot, r->dec.request_id, err, msg);
+        lnorm__req_free(d, r);
+        return;
+    }
+    Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
+    Lnorm__V1__Timings tm = LNORM__V1__TIMINGS__INIT;
+    Lnorm__V1__NormalizeResponse body = LNORM__V1__NORMALIZE_RESPONSE__INIT;
+    tm.queue_us = t->queue_us;
+    tm.compute_us = t->compute_us;
+    tm.batch_rows = t->batch_rows;
+    tm.batch_requests = t->batch_requests;
+    body.y.data = r->y;
+    body.y.len = r->dec.y_bytes;
+    if (r->mean) {
+        body.mean.data = r->mean;
+        body.mean.len = r->dec.stat_bytes;
+    }
+    if (r->rstd) {
+        body.rstd.data = r->rstd;
+        body.rstd.len = r->dec.stat_bytes;
+    }
+    if (r->res_out) {
+        body.residual_out.data = r->res_out;
+        body.residual_out.len = r->dec.res_out_bytes;
+    }
+    resp.request_id = r->dec.request_id;
+    resp.timings = &tm;
+    resp.body_case = LNORM__V1__RESPONSE__BODY_NORMALIZE;
+    resp.normalize = &body;
+    atomic_fetch_add(&d->stats.normalize_ok, 1);
+    void *slot = r->slot;
+    lnorm__reply_body(d, slot, &resp);
+    lnorm__req_free(d, r);
+}

@@ -1,0 +1,274 @@
+/*
+ * lnormd: configuration, start-up, the libuv loop (signals, housekeeping),
+ * graceful drain and shut-down. The data path is transport.c -> dispatch.c
+ * (codec.c) -> batcher.c -> backend_*.c -> dispatch.c -> transport.c.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend_cpu.h"
+#include "daemon.h"
+#include "log.h"
+
+#define LNORM__HOUSEKEEPING_MS 50
+#define LNORM__DRAIN_QUIET_NS (100ull * 1000000ull)
+
+static int lnorm__metrics_hook(void *arg, char **out, size_t *len)
+{
+    lnorm__daemon *d = arg;
+    return lnorm__stats_render(&d->stats, d->be->ops->name, out, len);
+}
+
+static int lnorm__ready_hook(void *arg)
+{
+    return atomic_load(&((lnorm__daemon *)arg)->serving);
+}
+
+static int lnorm__write_ready_file(lnorm__daemon *d, const char *http_bound)
+{
+    char tmp[LNORM__STR_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", d->cfg.ready_file, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        LOG_ERROR("ready-file %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < lnorm__transport_nlisteners(d->tp); i++)
+        fprintf(f, "listen %s\n", lnorm__transport_url(d->tp, i));
+    if (http_bound)
+        fprintf(f, "http %s\n", http_bound);
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0 || rename(tmp, d->cfg.ready_file) != 0) {
+        LOG_ERROR("ready-file %s: %s", d->cfg.ready_file, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void lnorm__batcher_opts_of(const lnorm__config *c, lnorm__batcher_opts *o)
+{
+    o->max_batch_rows = c->max_batch_rows;
+    o->max_batch_bytes = c->max_batch_bytes;
+    o->max_queue_delay_us = c->max_queue_delay_us;
+    o->max_queue = c->max_queue;
+}
+
+static void lnorm__stop_loop(lnorm__daemon *d)
+{
+    uv_timer_stop(&d->housekeeping);
+    uv_close((uv_handle_t *)&d->housekeeping, NULL);
+    uv_close((uv_handle_t *)&d->sig_int, NULL);
+    uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_hup, NULL);
+    lnorm__batcher_close(d->batcher);
+}
+
+static void lnorm__on_housekeeping(uv_timer_t *t)
+{
+    lnorm__daemon *d = t->data;
+    uint64_t now = lnorm__now_ns();
+    if (d->draining) {
+        int idle = lnorm__transport_busy(d->tp) == 0 && lnorm__batcher_idle(d->batcher);
+        int quiet = now - lnorm__transport_last_recv_ns(d->tp) >= LNORM__DRAIN_QUIET_NS &&
+                    now - d->drain_start_ns >= LNORM__DRAIN_QUIET_NS;
+        if (idle && quiet) {
+            LOG_INFO("drained: every request answered; exiting");
+            lnorm__stop_loop(d);
+            return;
+        }
+        if (now - d->drain_start_ns >= d->cfg.drain_timeout_ms * 1000000ull) {
+            LOG_WARN("drain timeout (%llu ms): %d requests still in flight; exiting",
+                     (unsigned long long)d->cfg.drain_timeout_ms, lnorm__transport_busy(d->tp));
+            lnorm__stop_loop(d);
+            return;
+        }
+    }
+    if (now - d->last_stats_log_ns >= 60ull * 1000000000ull) {
+        d->last_stats_log_ns = now;
+        LOG_DEBUG("stats: %llu batches, %llu rows, %lld in flight, %lld queued",
+                  (unsigned long long)atomic_load(&d->stats.batches), (unsigned long long)atomic_load(&d->stats.rows),
+                  (long long)atomic_load(&d->stats.inflight), (long long)atomic_load(&d->stats.queue_depth));
+    }
+}
+
+static void lnorm__on_signal(uv_signal_t *h, int signum)
+{
+    lnorm__daemon *d = h->data;
+    if (signum == SIGHUP) {
+        if (!d->cfg.config_file[0]) {
+            LOG_INFO("SIGHUP: no config file to reload");
+            return;
+        }
+        lnorm__config *nc = malloc(sizeof *nc);
+        char err[512];
+        if (!nc)
+            return;
+        if (lnorm__config_reload(d->cfg.config_file, nc, err, sizeof err) != 0) {
+            LOG_ERROR("SIGHUP: reload failed, keeping the running configuration: %s", err);
+            free(nc);
+            return;
+        }
+        d->cfg.log_level = nc->log_level;
+        d->cfg.max_queue_delay_us = nc->max_queue_delay_us;
+        d->cfg.max_batch_rows = nc->max_batch_rows;
+        d->cfg.max_batch_bytes = nc->max_batch_bytes;
+        d->cfg.max_queue = nc->max_queue;
+        free(nc);
+        atomic_store(&lnorm__log_level, d->cfg.log_level);
+        lnorm__batcher_opts bo;
+        lnorm__batcher_opts_of(&d->cfg, &bo);
+        lnorm__batcher_set_opts(d->batcher, &bo);
+        LOG_INFO("SIGHUP: reloaded %s (log-level %s, max-queue-delay-us %llu, max-batch-rows %llu, "
+                 "max-batch-bytes %llu, max-queue %llu)",
+                 d->cfg.config_file, lnorm__log_level_name(d->cfg.log_level),
+                 (unsigned long long)d->cfg.max_queue_delay_us, (unsigned long long)d->cfg.max_batch_rows,
+                 (unsigned long long)d->cfg.max_batch_bytes, (unsigned long long)d->cfg.max_queue);
+        return;
+    }
+    if (d->draining) {
+        LOG_WARN("second %s while draining: exiting now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        lnorm__stop_loop(d);
+        return;
+    }
+    LOG_INFO("%s: draining (no new connections; answering everything in flight)", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    d->draining = 1;
+    d->drain_start_ns = lnorm__now_ns();
+    atomic_store(&d->serving, 0);
+    lnorm__transport_drain(d->tp);
+}
+
+static int lnorm__backend_open(lnorm__daemon *d)
+{
+    const char *want = d->cfg.backend;
+    if (strcmp(want, "cpu") != 0) {
+        int rc = lnorm__backend_cuda_create(&d->be, d->cfg.cuda_devices[0] ? d->cfg.cuda_devices : NULL,
+                                            (size_t)d->cfg.cuda_slot_bytes, (int)d->cfg.cuda_slots);
+        if (rc == LNORM_OK)
+            return 0;
+        if (!strcmp(want, "cuda")) {
+            LOG_ERROR("backend cuda: %s", lnorm_strerror(rc));
+            return -1;
+        }
+        LOG_INFO("backend auto: cuda not usable (%s); using cpu", lnorm_strerror(rc));
+    }
+    int rc = lnorm__backend_cpu_create_ex(&d->be, (int)d->cfg.cpu_threads, (int)d->cfg.cpu_jobs);
+    if (rc != LNORM_OK) {
+        LOG_ERROR("backend cpu: %s", lnorm_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static lnorm__daemon daemon_obj;
+    lnorm__daemon *d = &daemon_obj;
+    char err[1024];
+    int rc = lnorm__config_from_args(&d->cfg, argc, argv, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "lnormd: %s\n", err);
+        return 2;
+    }
+    if (rc == LNORM__CFG_HELP) {
+        lnorm__config_usage(stdout, "lnormd");
+        return 0;
+    }
+    if (rc == LNORM__CFG_VERSION) {
+        printf("lnormd %s\n", LNORM_VERSION);
+        return 0;
+    }
+    atomic_store(&lnorm__log_level, d->cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    d->lim.max_message_bytes = d->cfg.max_message_bytes;
+    d->lim.max_rows = d->cfg.max_rows;
+    d->lim.max_hidden = d->cfg.max_hidden < LNORM_CORE_MAX_HIDDEN ? d->cfg.max_hidden : LNORM_CORE_MAX_HIDDEN;
+    lnorm__stats_init(&d->stats);
+    d->last_stats_log_ns = lnorm__now_ns();
+
+    int exit_code = 1;
+    if (uv_loop_init(&d->loop) != 0) {
+        LOG_ERROR("uv_loop_init failed");
+        return 1;
+    }
+    if (lnorm__backend_open(d) != 0)
+        goto out_loop;
+    lnorm__dispatch_init_alloc(d);
+    if (lnorm__params_create(&d->params, d->cfg.max_params_bytes, d->be, &d->stats) != LNORM_OK)
+        goto out_backend;
+    lnorm__batcher_opts bo;
+    lnorm__batcher_opts_of(&d->cfg, &bo);
+    if (lnorm__batcher_create(&d->batcher, &d->loop, d->be, &d->stats, &bo, lnorm__dispatch_finish, d) != LNORM_OK)
+        goto out_params;
+    rc = lnorm__transport_create(&d->tp, &d->cfg, lnorm__dispatch_msg, d, err, sizeof err);
+    if (rc != LNORM_OK) {
+        LOG_ERROR("%s", err);
+        exit_code = rc == LNORM_EINVAL ? 2 : 1;
+        goto out_batcher;
+    }
+    char http_bound[128] = "";
+    if (strcmp(d->cfg.http, "off") != 0) {
+        lnorm__http_hooks hooks = {lnorm__metrics_hook, lnorm__ready_hook, d};
+        rc = lnorm__http_start(&d->http, d->cfg.http, &hooks, http_bound, sizeof http_bound, err, sizeof err);
+        if (rc != LNORM_OK) {
+            LOG_ERROR("%s", err);
+            exit_code = rc == LNORM_EINVAL ? 2 : 1;
+            goto out_transport;
+        }
+    }
+    uv_signal_init(&d->loop, &d->sig_int);
+    uv_signal_init(&d->loop, &d->sig_term);
+    uv_signal_init(&d->loop, &d->sig_hup);
+    d->sig_int.data = d->sig_term.data = d->sig_hup.data = d;
+    uv_signal_start(&d->sig_int, lnorm__on_signal, SIGINT);
+    uv_signal_start(&d->sig_term, lnorm__on_signal, SIGTERM);
+    uv_signal_start(&d->sig_hup, lnorm__on_signal, SIGHUP);
+    uv_timer_init(&d->loop, &d->housekeeping);
+    d->housekeeping.data = d;
+    uv_timer_start(&d->housekeeping, lnorm__on_housekeeping, LNORM__HOUSEKEEPING_MS, LNORM__HOUSEKEEPING_MS);
+
+    lnorm__transport_start(d->tp);
+    atomic_store(&d->serving, 1);
+    if (d->cfg.ready_file[0] && lnorm__write_ready_file(d, http_bound[0] ? http_bound : NULL) != 0) {
+        lnorm__stop_loop(d);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        goto out_http;
+    }
+    LOG_INFO("lnormd %s serving on the %s backend (%d contexts, max-batch-rows %llu, max-queue-delay-us %llu)",
+             LNORM_VERSION, d->be->ops->name, (int)d->cfg.contexts, (unsigned long long)d->cfg.max_batch_rows,
+             (unsigned long long)d->cfg.max_queue_delay_us);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    exit_code = 0;
+
+out_http:
+    lnorm__http_stop(d->http);
+out_transport:
+    /* Nothing is in flight after a clean drain. After a drain timeout the
+     * socket closes first, so replies still coming from the backend are
+     * dropped; the backend's destroy waits for its jobs, which finish their
+     * requests (all replies fail harmlessly) before anything is freed. */
+    lnorm__transport_close(d->tp);
+out_batcher:
+    if (!d->tp) {
+        lnorm__batcher_close(d->batcher);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+    }
+    d->be->ops->destroy(d->be);
+    d->be = NULL;
+    lnorm__transport_destroy(d->tp);
+    lnorm__batcher_destroy(d->batcher);
+out_params:
+    lnorm__params_destroy(d->params);
+out_backend:
+    if (d->be)
+        d->be->ops->destroy(d->be);
+out_loop:
+    uv_loop_close(&d->loop);
+    if (d->cfg.ready_file[0] && exit_code == 0)
+        unlink(d->cfg.ready_file);
+    LOG_INFO("lnormd exiting (%d)", exit_code);
+    return exit_code;
+}

@@ -1,0 +1,190 @@
+/* Parameter registry: a hash table of reference-counted gamma/beta sets. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "params.h"
+
+#define LNORM__PBUCKETS 256
+
+struct lnorm__params {
+    pthread_mutex_t mu;
+    lnorm__pset *buckets[LNORM__PBUCKETS];
+    uint64_t max_bytes;
+    uint64_t used_bytes;   /* includes dropped sets still referenced */
+    lnorm__backend *be;
+    lnorm__stats *st;
+};
+
+static unsigned lnorm__hash(const char *s)
+{
+    unsigned h = 2166136261u;
+    while (*s)
+        h = (h ^ (unsigned char)*s++) * 16777619u;
+    return h % LNORM__PBUCKETS;
+}
+
+static void *lnorm__pbuf_alloc(lnorm__params *p, size_t n)
+{
+    return p->be && p->be->ops->buf_alloc ? p->be->ops->buf_alloc(p->be, n) : malloc(n);
+}
+
+static void lnorm__pbuf_free(lnorm__params *p, void *b)
+{
+    if (!b)
+        return;
+    if (p->be && p->be->ops->buf_free)
+        p->be->ops->buf_free(p->be, b);
+    else
+        free(b);
+}
+
+int lnorm__params_create(lnorm__params **out, uint64_t max_bytes, lnorm__backend *be, lnorm__stats *st)
+{
+    lnorm__params *p = calloc(1, sizeof *p);
+    if (!p)
+        return LNORM_ENOMEM;
+    pthread_mutex_init(&p->mu, NULL);
+    p->max_bytes = max_bytes;
+    p->be = be;
+    p->st = st;
+    *out = p;
+    return LNORM_OK;
+}
+
+/* Free a set whose last reference is gone; called with the lock held. */
+static void lnorm__pset_free_locked(lnorm__pset *ps)
+{
+    lnorm__params *p = ps->reg;
+    p->used_bytes -= ps->bytes;
+    atomic_fetch_sub(&p->st->params_bytes, (int_fast64_t)ps->bytes);
+    lnorm__pbuf_free(p, ps->gamma);
+    lnorm__pbuf_free(p, ps->beta);
+    free(ps);
+}
+
+void lnorm__params_destroy(lnorm__params *p)
+{
+    if (!p)
+        return;
+    for (int i = 0; i < LNORM__PBUCKETS; i++) {
+        lnorm__pset *ps = p->buckets[i];
+        while (ps) {
+            lnorm__pset *next = ps->next;
+            lnorm__pset_free_locked(ps);
+            ps = next;
+        }
+    }
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static lnorm__pset **lnorm__find_locked(lnorm__params *p, const char *id)
+{
+    lnorm__pset **pp = &p->buckets[lnorm__hash(id)];
+    while (*pp && strcmp((*pp)->id, id) != 0)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+int lnorm__params_register(lnorm__params *p, const char *id, int dtype, uint64_t hidden, const void *gamma,
+                           size_t glen, const void *beta, size_t blen)
+{
+    size_t idlen = strlen(id);
+    if (idlen == 0 || idlen > 128)
+        return LNORM_EINVAL;
+    size_t total = glen + blen;
+    lnorm__pset *ps = calloc(1, sizeof *ps);
+    if (!ps)
+        return LNORM_ENOMEM;
+    memcpy(ps->id, id, idlen + 1);
+    ps->reg = p;
+    ps->dtype = dtype;
+    ps->hidden = hidden;
+    ps->bytes = total;
+    ps->refs = 1; /* the registry's own reference */
+    /* Reserve the bytes first so that concurrent registrations cannot
+     * overshoot the limit while copying. */
+    pthread_mutex_lock(&p->mu);
+    if (*lnorm__find_locked(p, id)) {
+        pthread_mutex_unlock(&p->mu);
+        free(ps);
+        return LNORM_EEXIST;
+    }
+    if (total > p->max_bytes || p->used_bytes > p->max_bytes - total) {
+        pthread_mutex_unlock(&p->mu);
+        free(ps);
+        return LNORM_ELIMIT;
+    }
+    p->used_bytes += total;
+    pthread_mutex_unlock(&p->mu);
+
+    int rc = LNORM_OK;
+    if (glen && !(ps->gamma = lnorm__pbuf_alloc(p, glen)))
+        rc = LNORM_ENOMEM;
+    if (rc == LNORM_OK && blen && !(ps->beta = lnorm__pbuf_alloc(p, blen)))
+        rc = LNORM_ENOMEM;
+    if (rc == LNORM_OK) {
+        if (glen)
+            memcpy(ps->gamma, gamma, glen);
+        if (blen)
+            memcpy(ps->beta, beta, blen);
+    }
+    pthread_mutex_lock(&p->mu);
+    lnorm__pset **slot = lnorm__find_locked(p, id);
+    if (rc == LNORM_OK && *slot)
+        rc = LNORM_EEXIST; /* lost a race with the same id */
+    if (rc != LNORM_OK) {
+        p->used_bytes -= total;
+        pthread_mutex_unlock(&p->mu);
+        lnorm__pbuf_free(p, ps->gamma);
+        lnorm__pbuf_free(p, ps->beta);
+        free(ps);
+        return rc;
+    }
+    *slot = ps;
+    atomic_fetch_add(&p->st->params_bytes, (int_fast64_t)total);
+    atomic_fetch_add(&p->st->params_count, 1);
+    pthread_mutex_unlock(&p->mu);
+    return LNORM_OK;
+}
+
+int lnorm__params_drop(lnorm__params *p, const char *id)
+{
+    pthread_mutex_lock(&p->mu);
+    lnorm__pset **slot = lnorm__find_locked(p, id);
+    lnorm__pset *ps = *slot;
+    if (!ps) {
+        pthread_mutex_unlock(&p->mu);
+        return LNORM_ENOTFOUND;
+    }
+    *slot = ps->next;
+    ps->next = NULL;
+    atomic_fetch_sub(&p->st->params_count, 1);
+    if (--ps->refs == 0)
+        lnorm__pset_free_locked(ps);
+    pthread_mutex_unlock(&p->mu);
+    return LNORM_OK;
+}
+
+int lnorm__params_get(lnorm__params *p, const char *id, lnorm__pset **out)
+{
+    pthread_mutex_lock(&p->mu);
+    lnorm__pset *ps = *lnorm__find_locked(p, id);
+    if (ps)
+        ps->refs++;
+    pthread_mutex_unlock(&p->mu);
+    *out = ps;
+    return ps ? LNORM_OK : LNORM_ENOTFOUND;
+}
+
+void lnorm__params_put(lnorm__pset *ps)
+{
+    if (!ps)
+        return;
+    lnorm__params *p = ps->reg;
+    pthread_mutex_lock(&p->mu);
+    if (--ps->refs == 0)
+        lnorm__pset_free_locked(ps);
+    pthread_mutex_unlock(&p->mu);
+}

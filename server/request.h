@@ -1,0 +1,30 @@
+/* A Normalize request on its way through the batcher (short-lived). */
+#ifndef LNORM_SERVER_REQUEST_H
+#define LNORM_SERVER_REQUEST_H
+
+#include <stdint.h>
+
+#include "codec.h"
+#include "params.h"
+
+typedef struct lnorm__req {
+    struct lnorm__req *next;  /* queue link */
+    void *slot;               /* transport context that replies */
+    lnorm__decoded dec;       /* the message; dec.seg has inputs AND outputs set */
+    lnorm__pset *pset;        /* registered params in use, or NULL */
+    uint64_t recv_ns;         /* receipt (monotonic) */
+    uint64_t deadline_ns;     /* 0: none */
+    uint64_t rows;
+    uint64_t bytes;           /* payload in + out */
+    void *y, *mean, *rstd, *res_out; /* output buffers (backend memory) */
+} lnorm__req;
+
+/* What the batcher reports with each finished request. */
+typedef struct lnorm__timing {
+    uint64_t queue_us;
+    uint64_t compute_us;
+    uint32_t batch_rows;
+    uint32_t batch_requests;
+} lnorm__timing;
+
+#endif

@@ -1,0 +1,156 @@
+/* Counters, histograms and their Prometheus rendering. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stats.h"
+
+uint64_t lnorm__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void lnorm__hist_init(lnorm__hist *h, const char *name, const char *help, double first, double factor, int nb)
+{
+    h->name = name;
+    h->help = help;
+    h->nb = nb;
+    double b = first;
+    for (int i = 0; i < nb; i++, b *= factor)
+        h->bounds[i] = b;
+}
+
+void lnorm__stats_init(lnorm__stats *s)
+{
+    memset(s, 0, sizeof *s);
+    lnorm__hist_init(&s->batch_rows, "lnormd_batch_rows", "Rows per batch.", 1, 2, 17);
+    lnorm__hist_init(&s->batch_requests, "lnormd_batch_requests", "Requests per batch.", 1, 2, 11);
+    lnorm__hist_init(&s->queue_seconds, "lnormd_queue_seconds",
+                     "Time from receipt to the start of the batch's compute.", 1e-6, 2, 24);
+    lnorm__hist_init(&s->compute_seconds, "lnormd_compute_seconds", "Backend compute time per batch.", 1e-6, 2, 24);
+    s->start_ns = lnorm__now_ns();
+}
+
+void lnorm__hist_observe(lnorm__hist *h, double v)
+{
+    int i = 0;
+    while (i < h->nb && v > h->bounds[i])
+        i++;
+    atomic_fetch_add_explicit(&h->counts[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->n, 1, memory_order_relaxed);
+    double old = atomic_load_explicit(&h->sum, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&h->sum, &old, old + v, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void lnorm__stats_reply(lnorm__stats *s, int code)
+{
+    if (code < 0 || code >= LNORM__NCODES)
+        code = 2; /* UNKNOWN */
+    atomic_fetch_add_explicit(&s->requests[code], 1, memory_order_relaxed);
+}
+
+typedef struct lnorm__sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} lnorm__sbuf;
+
+static void lnorm__sb_printf(lnorm__sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void lnorm__sb_printf(lnorm__sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        if (b->oom)
+            return;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t ncap = b->cap * 2 + (size_t)n;
+        char *np = realloc(b->p, ncap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = ncap;
+    }
+}
+
+static const char *const lnorm__code_names[LNORM__NCODES] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"};
+
+#define LD(x) ((unsigned long long)atomic_load_explicit(&(x), memory_order_relaxed))
+#define LDS(x) ((long long)atomic_load_explicit(&(x), memory_order_relaxed))
+
+static void lnorm__render_counter(lnorm__sbuf *b, const char *name, const char *type, const char *help, unsigned long long v)
+{
+    lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
+}
+
+static void lnorm__render_hist(lnorm__sbuf *b, lnorm__hist *h)
+{
+    lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    unsigned long long cum = 0;
+    for (int i = 0; i < h->nb; i++) {
+        cum += LD(h->counts[i]);
+        lnorm__sb_printf(b, "%s_bucket{le=\"%.9g\"} %llu\n", h->name, h->bounds[i], cum);
+    }
+    cum += LD(h->counts[h->nb]);
+    lnorm__sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", h->name, cum, h->name,
+                     atomic_load_explicit(&h->sum, memory_order_relaxed), h->name, cum);
+}
+
+int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t *len)
+{
+    lnorm__sbuf b = {malloc(8192), 0, 8192, 0};
+    if (!b.p)
+        return -1;
+    lnorm__sb_printf(&b, "# HELP lnormd_requests_total Replies sent, by status.\n# TYPE lnormd_requests_total counter\n");
+    for (int i = 0; i < LNORM__NCODES; i++) {
+        unsigned long long v = LD(s->requests[i]);
+        if (v || i == 0 || i == 3 || i == 4 || i == 5 || i == 8)
+            lnorm__sb_printf(&b, "lnormd_requests_total{status=\"%s\"} %llu\n", lnorm__code_names[i], v);
+    }
+    lnorm__render_counter(&b, "lnormd_normalize_ok_total", "counter", "Normalize requests answered OK.", LD(s->normalize_ok));
+    lnorm__render_counter(&b, "lnormd_rows_total", "counter", "Rows normalized.", LD(s->rows));
+    lnorm__render_counter(&b, "lnormd_received_bytes_total", "counter", "Request bytes received.", LD(s->bytes_in));
+    lnorm__render_counter(&b, "lnormd_sent_bytes_total", "counter", "Response bytes sent.", LD(s->bytes_out));
+    lnorm__render_counter(&b, "lnormd_batches_total", "counter", "Batches run by the backend.", LD(s->batches));
+    lnorm__render_counter(&b, "lnormd_backend_errors_total", "counter", "Batches the backend failed.", LD(s->backend_errors));
+    lnorm__render_counter(&b, "lnormd_requests_in_flight", "gauge", "Requests received and not yet answered.", (unsigned long long)LDS(s->inflight));
+    lnorm__render_counter(&b, "lnormd_queue_depth", "gauge", "Requests waiting for a batch.", (unsigned long long)LDS(s->queue_depth));
+    lnorm__render_counter(&b, "lnormd_batches_in_flight", "gauge", "Batches running on the backend.", (unsigned long long)LDS(s->batches_inflight));
+    lnorm__render_counter(&b, "lnormd_params_registered", "gauge", "Registered parameter sets.", (unsigned long long)LDS(s->params_count));
+    lnorm__render_counter(&b, "lnormd_params_bytes", "gauge", "Bytes of registered parameters.", (unsigned long long)LDS(s->params_bytes));
+    lnorm__render_hist(&b, &s->batch_rows);
+    lnorm__render_hist(&b, &s->batch_requests);
+    lnorm__render_hist(&b, &s->queue_seconds);
+    lnorm__render_hist(&b, &s->compute_seconds);
+    lnorm__sb_printf(&b, "# HELP lnormd_uptime_seconds Seconds since start.\n# TYPE lnormd_uptime_seconds gauge\nlnormd_uptime_seconds %.3f\n",
+                     (double)(lnorm__now_ns() - s->start_ns) / 1e9);
+    lnorm__sb_printf(&b, "# HELP lnormd_info Build and backend.\n# TYPE lnormd_info gauge\nlnormd_info{version=\"%s\",backend=\"%s\"} 1\n",
+                     LNORM_VERSION, backend);
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}

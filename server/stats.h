@@ -1,0 +1,53 @@
+/* INFO-style counters and histograms, updated lock-free from any thread and
+ * rendered in the Prometheus text format for /metrics. */
+#ifndef LNORM_SERVER_STATS_H
+#define LNORM_SERVER_STATS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LNORM__HIST_MAXB 24
+#define LNORM__NCODES 17
+
+typedef struct lnorm__hist {
+    const char *name;
+    const char *help;
+    int nb;                              /* bucket bounds */
+    double bounds[LNORM__HIST_MAXB];
+    atomic_uint_fast64_t counts[LNORM__HIST_MAXB + 1];
+    atomic_uint_fast64_t n;
+    _Atomic double sum;
+} lnorm__hist;
+
+typedef struct lnorm__stats {
+    atomic_uint_fast64_t requests[LNORM__NCODES]; /* every reply, by wire status code */
+    atomic_uint_fast64_t normalize_ok;
+    atomic_uint_fast64_t rows;          /* rows computed */
+    atomic_uint_fast64_t bytes_in;      /* request messages */
+    atomic_uint_fast64_t bytes_out;     /* response messages */
+    atomic_uint_fast64_t batches;
+    atomic_uint_fast64_t backend_errors;
+    atomic_int_fast64_t inflight;       /* requests received, not yet answered */
+    atomic_int_fast64_t queue_depth;    /* requests waiting for a batch */
+    atomic_int_fast64_t batches_inflight;
+    atomic_int_fast64_t params_count;
+    atomic_int_fast64_t params_bytes;
+    lnorm__hist batch_rows;
+    lnorm__hist batch_requests;
+    lnorm__hist queue_seconds;
+    lnorm__hist compute_seconds;
+    uint64_t start_ns;
+} lnorm__stats;
+
+void lnorm__stats_init(lnorm__stats *s);
+void lnorm__hist_observe(lnorm__hist *h, double v);
+void lnorm__stats_reply(lnorm__stats *s, int wire_code);
+
+/* Render /metrics into a malloc'ed buffer (*out, *len); 0 or -1. */
+int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t *len);
+
+/* Monotonic nanoseconds. */
+uint64_t lnorm__now_ns(void);
+
+#endif

@@ -1,0 +1,313 @@
+/* NNG rep0 socket + context pool; listeners on tcp://, ipc://, tls+tcp://. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
+
+#include "log.h"
+#include "lnorm/errors.h"
+#include "stats.h"
+#include "transport.h"
+
+enum { SLOT_RECV, SLOT_BUSY, SLOT_SEND };
+
+typedef struct lnorm__slot {
+    nng_ctx ctx;
+    nng_aio *aio;
+    lnorm__transport *tp;
+    int state;
+} lnorm__slot;
+
+struct lnorm__transport {
+    nng_socket sock;
+    int sock_open;
+    nng_listener ls[LNORM__MAX_LISTEN];
+    char urls[LNORM__MAX_LISTEN][LNORM__STR_MAX + 16];
+    int nls;
+    nng_tls_config *tls;
+    lnorm__slot *slots;
+    int nslots;
+    lnorm__on_msg_fn on_msg;
+    void *arg;
+    atomic_int draining;
+    atomic_int closing;
+    atomic_int busy;
+    atomic_uint_fast64_t last_recv_ns;
+};
+
+static void lnorm__slot_recv(lnorm__slot *s)
+{
+    s->state = SLOT_RECV;
+    nng_ctx_recv(s->ctx, s->aio);
+}
+
+static void lnorm__slot_cb(void *arg)
+{
+    lnorm__slot *s = arg;
+    lnorm__transport *tp = s->tp;
+    int rv = nng_aio_result(s->aio);
+    if (s->state == SLOT_SEND) {
+        if (rv != 0) {
+            nng_msg *m = nng_aio_get_msg(s->aio);
+            if (m)
+                nng_msg_free(m);
+            nng_aio_set_msg(s->aio, NULL);
+            if (rv != NNG_ECLOSED)
+                LOG_DEBUG("reply not sent: %s", nng_strerror(rv));
+        }
+        atomic_fetch_sub(&tp->busy, 1);
+        if (!atomic_load(&tp->closing) && rv != NNG_ECLOSED)
+            lnorm__slot_recv(s);
+        return;
+    }
+    if (rv != 0) {
+        if (rv == NNG_ECLOSED || atomic_load(&tp->closing))
+            return;
+        LOG_WARN("receive failed: %s", nng_strerror(rv));
+        lnorm__slot_recv(s);
+        return;
+    }
+    nng_msg *m = nng_aio_get_msg(s->aio);
+    nng_aio_set_msg(s->aio, NULL);
+    s->state = SLOT_BUSY;
+    atomic_fetch_add(&tp->busy, 1);
+    atomic_store(&tp->last_recv_ns, lnorm__now_ns());
+    tp->on_msg(tp->arg, s, m);
+}
+
+void lnorm__transport_reply(void *slot, nng_msg *msg)
+{
+    lnorm__slot *s = slot;
+    if (!msg) {
+        atomic_fetch_sub(&s->tp->busy, 1);
+        lnorm__slot_recv(s);
+        return;
+    }
+    s->state = SLOT_SEND;
+    nng_aio_set_msg(s->aio, msg);
+    nng_ctx_send(s->ctx, s->aio);
+}
+
+static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    lnorm__transport *tp = arg;
+    if (ev == NNG_PIPE_EV_ADD_PRE && atomic_load(&tp->draining))
+        nng_pipe_close(p);
+}
+
+static char *lnorm__read_file(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4097 > cap) {
+            cap = cap * 2 + 8192;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                snprintf(err, errlen, "%s: out of memory", path);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, 4096, f);
+        len += n;
+        if (n < 4096)
+            break;
+    }
+    fclose(f);
+    buf[len] = 0;
+    return buf;
+}
+
+static int lnorm__tls_setup(lnorm__transport *tp, const lnorm__config *cfg, char *err, size_t errlen)
+{
+    int rv = nng_tls_config_alloc(&tp->tls, NNG_TLS_MODE_SERVER);
+    if (rv != 0) {
+        snprintf(err, errlen, "tls: %s", nng_strerror(rv));
+        return LNORM_ETRANSPORT;
+    }
+    char *cert = lnorm__read_file(cfg->tls_cert, err, errlen);
+    if (!cert)
+        return LNORM_EINVAL;
+    char *key = lnorm__read_file(cfg->tls_key, err, errlen);
+    if (!key) {
+        free(cert);
+        return LNORM_EINVAL;
+    }
+    rv = nng_tls_config_own_cert(tp->tls, cert, key, NULL);
+    memset(key, 0, strlen(key));
+    free(key);
+    free(cert);
+    if (rv != 0) {
+        snprintf(err, errlen, "tls-cert/tls-key: %s", nng_strerror(rv));
+        return LNORM_EINVAL;
+    }
+    if (cfg->tls_ca[0] && (rv = nng_tls_config_ca_file(tp->tls, cfg->tls_ca)) != 0) {
+        snprintf(err, errlen, "tls-ca %s: %s", cfg->tls_ca, nng_strerror(rv));
+        return LNORM_EINVAL;
+    }
+    rv = nng_tls_config_auth_mode(tp->tls, cfg->tls_verify_peer ? NNG_TLS_AUTH_MODE_REQUIRED : NNG_TLS_AUTH_MODE_NONE);
+    if (rv != 0) {
+        snprintf(err, errlen, "tls auth mode: %s", nng_strerror(rv));
+        return LNORM_EINVAL;
+    }
+    return LNORM_OK;
+}
+
+static int lnorm__listen(lnorm__transport *tp, const char *url, char *err, size_t errlen)
+{
+    nng_listener l;
+    int rv = nng_listener_create(&l, tp->sock, url);
+    if (rv != 0) {
+        snprintf(err, errlen, "listen %s: %s", url, nng_strerror(rv));
+        return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP || rv == NNG_EINVAL ? LNORM_EINVAL : LNORM_ETRANSPORT;
+    }
+    int is_ipc = !strncmp(url, "ipc://", 6), is_tls = !strncmp(url, "tls+tcp://", 10);
+    if (is_ipc && (rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0660)) != 0)
+        LOG_WARN("listen %s: cannot set permissions: %s", url, nng_strerror(rv));
+    if (is_tls && (rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tp->tls)) != 0) {
+        snprintf(err, errlen, "listen %s: tls: %s", url, nng_strerror(rv));
+        nng_listener_close(l);
+        return LNORM_ETRANSPORT;
+    }
+    if ((rv = nng_listener_start(l, 0)) != 0) {
+        snprintf(err, errlen, "listen %s: %s", url, nng_strerror(rv));
+        nng_listener_close(l);
+        return LNORM_ETRANSPORT;
+    }
+    char *real = tp->urls[tp->nls];
+    snprintf(real, sizeof tp->urls[0], "%s", url);
+    if (!is_ipc) {
+        int port = 0;
+        nng_url *u = NULL;
+        if (nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) == 0 && nng_url_parse(&u, url) == 0) {
+            const char *host = u->u_hostname && u->u_hostname[0] ? u->u_hostname : "0.0.0.0";
+            if (strchr(host, ':'))
+                snprintf(real, sizeof tp->urls[0], "%s://[%s]:%d", u->u_scheme, host, port);
+            else
+                snprintf(real, sizeof tp->urls[0], "%s://%s:%d", u->u_scheme, host, port);
+        }
+        if (u)
+            nng_url_free(u);
+    }
+    tp->ls[tp->nls++] = l;
+    LOG_INFO("listening on %s", real);
+    return LNORM_OK;
+}
+
+int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__on_msg_fn fn, void *arg,
+                            char *err, size_t errlen)
+{
+    lnorm__transport *tp = calloc(1, sizeof *tp);
+    if (!tp)
+        return LNORM_ENOMEM;
+    tp->on_msg = fn;
+    tp->arg = arg;
+    int rc = LNORM_OK, rv;
+    if ((rv = nng_rep0_open(&tp->sock)) != 0) {
+        snprintf(err, errlen, "rep0 socket: %s", nng_strerror(rv));
+        free(tp);
+        return LNORM_ETRANSPORT;
+    }
+    tp->sock_open = 1;
+    /* Messages up to 1 MiB over max-message-bytes are still received so that
+     * they can be answered RESOURCE_EXHAUSTED; NNG drops larger ones. */
+    nng_socket_set_size(tp->sock, NNG_OPT_RECVMAXSZ, (size_t)cfg->max_message_bytes + (1u << 20));
+    nng_pipe_notify(tp->sock, NNG_PIPE_EV_ADD_PRE, lnorm__pipe_cb, tp);
+    if (cfg->tls_cert[0])
+        rc = lnorm__tls_setup(tp, cfg, err, errlen);
+    for (int i = 0; rc == LNORM_OK && i < cfg->nlisten; i++)
+        rc = lnorm__listen(tp, cfg->listen[i], err, errlen);
+    int n = (int)cfg->contexts;
+    if (rc == LNORM_OK && !(tp->slots = calloc((size_t)n, sizeof *tp->slots)))
+        rc = LNORM_ENOMEM;
+    for (int i = 0; rc == LNORM_OK && i < n; i++) {
+        lnorm__slot *s = &tp->slots[i];
+        s->tp = tp;
+        if ((rv = nng_ctx_open(&s->ctx, tp->sock)) != 0 || (rv = nng_aio_alloc(&s->aio, lnorm__slot_cb, s)) != 0) {
+            snprintf(err, errlen, "context %d: %s", i, nng_strerror(rv));
+            rc = LNORM_ETRANSPORT;
+            break;
+        }
+        tp->nslots = i + 1;
+    }
+    if (rc != LNORM_OK) {
+        lnorm__transport_close(tp);
+        lnorm__transport_destroy(tp);
+        return rc;
+    }
+    *out = tp;
+    return LNORM_OK;
+}
+
+int lnorm__transport_start(lnorm__transport *tp)
+{
+    for (int i = 0; i < tp->nslots; i++)
+        lnorm__slot_recv(&tp->slots[i]);
+    return LNORM_OK;
+}
+
+int lnorm__transport_nlisteners(const lnorm__transport *tp)
+{
+    return tp->nls;
+}
+
+const char *lnorm__transport_url(const lnorm__transport *tp, int i)
+{
+    return tp->urls[i];
+}
+
+void lnorm__transport_drain(lnorm__transport *tp)
+{
+    atomic_store(&tp->draining, 1);
+}
+
+int lnorm__transport_busy(lnorm__transport *tp)
+{
+    return atomic_load(&tp->busy);
+}
+
+uint64_t lnorm__transport_last_recv_ns(lnorm__transport *tp)
+{
+    return atomic_load(&tp->last_recv_ns);
+}
+
+void lnorm__transport_close(lnorm__transport *tp)
+{
+    atomic_store(&tp->closing, 1);
+    if (tp->sock_open) {
+        nng_close(tp->sock);
+        tp->sock_open = 0;
+    }
+}
+
+void lnorm__transport_destroy(lnorm__transport *tp)
+{
+    if (!tp)
+        return;
+    for (int i = 0; i < tp->nslots; i++) {
+        if (tp->slots[i].aio) {
+            nng_aio_stop(tp->slots[i].aio);
+            nng_msg *m = nng_aio_get_msg(tp->slots[i].aio);
+            if (m)
+                nng_msg_free(m);
+            nng_aio_free(tp->slots[i].aio);
+        }
+    }
+    free(tp->slots);
+    if (tp->tls)
+        nng_tls_config_free(tp->tls);
+    free(tp);
+}

@@ -1,0 +1,45 @@
+/*
+ * The transport: one NNG rep0 socket, its listeners, and a pool of contexts
+ * (nng_ctx + nng_aio), each receiving one request and sending its reply, so
+ * that many requests are in flight and none blocks another.
+ */
+#ifndef LNORM_SERVER_TRANSPORT_H
+#define LNORM_SERVER_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nng/nng.h>
+
+#include "config.h"
+
+typedef struct lnorm__transport lnorm__transport;
+
+/* A request arrived on slot: the callee owns msg and must call
+ * lnorm__transport_reply(slot, ...) exactly once, from any thread. */
+typedef void (*lnorm__on_msg_fn)(void *arg, void *slot, nng_msg *msg);
+
+/* Open the socket and start the listeners of cfg (bound at return; the real
+ * URLs are in lnorm__transport_url). LNORM_EINVAL for a bad URL or TLS
+ * file, LNORM_ETRANSPORT when binding fails; errbuf says which. */
+int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__on_msg_fn fn, void *arg,
+                            char *errbuf, size_t errlen);
+/* Post the receives: requests start flowing. */
+int lnorm__transport_start(lnorm__transport *tp);
+int lnorm__transport_nlisteners(const lnorm__transport *tp);
+/* The URL listener i is bound to (tcp port 0 replaced by the real port). */
+const char *lnorm__transport_url(const lnorm__transport *tp, int i);
+/* Send msg as the reply of slot's request (NULL: no reply, e.g. out of memory). */
+void lnorm__transport_reply(void *slot, nng_msg *msg);
+/* Refuse new connections from now on; existing ones keep being served. */
+void lnorm__transport_drain(lnorm__transport *tp);
+/* Requests received and not yet replied to. */
+int lnorm__transport_busy(lnorm__transport *tp);
+/* When the last request arrived (monotonic ns). */
+uint64_t lnorm__transport_last_recv_ns(lnorm__transport *tp);
+/* Close the socket: pending receives end; replies after this are dropped. */
+void lnorm__transport_close(lnorm__transport *tp);
+/* Free (after close, once no reply can come any more). */
+void lnorm__transport_destroy(lnorm__transport *tp);
+
+#endif
