@@ -1,0 +1,208 @@
+/*
+ * The vector row kernel of the CPU backend, written once over a small set
+ * of vector macros and included by one translation unit per ISA
+ * (rows_avx2.c, rows_avx512.c), each compiled with its own -m flags.
+ * Numerics as in cpu_rows.h; the block structure depends only on hidden
+ * (never on addresses), so a row's bits do not depend on where it lies.
+ *
+ * The including file defines, for a vector V of W floats:
+ *   VZERO() VSET1(f) VADD(a,b) VSUB(a,b) VMUL(a,b) VFMA(a,b,c) (= a*b+c)
+ *   VLD_F32(p) VLD_F16(p) VLD_BF16(p)       full loads (unaligned)
+ *   VST_F32(p,v) VST_F16(p,v) VST_BF16(p,v) full stores, rounding to nearest even
+ *   VKEEP(v, n)   lanes >= n set to 0
+ *   VSTORE_ARR(float *a, v)   all W lanes to an array
+ *   ROWS_FN       the function name to define
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_rows.h"
+#include "half.h"
+
+#define INL static inline __attribute__((always_inline))
+/* Vectors summed per accumulator before a block joins the compensated sum. */
+#define BLOCK_VECS 8
+
+INL V ld_full(const void *p, int64_t c, int dt)
+{
+    if (dt == LNORM_DTYPE_F32)
+        return VLD_F32((const float *)p + c);
+    if (dt == LNORM_DTYPE_F16)
+        return VLD_F16((const uint16_t *)p + c);
+    return VLD_BF16((const uint16_t *)p + c);
+}
+
+/* n (< W) elements from column c, the other lanes 0. */
+INL V ld_tail(const void *p, int64_t c, int64_t n, int dt)
+{
+    size_t sz = lnorm_dtype_size(dt);
+    _Alignas(64) unsigned char buf[W * 4];
+    memset(buf, 0, sizeof buf);
+    memcpy(buf, (const char *)p + (size_t)c * sz, (size_t)n * sz);
+    return ld_full(buf, 0, dt);
+}
+
+INL void st_full(void *p, int64_t c, int dt, V v)
+{
+    if (dt == LNORM_DTYPE_F32)
+        VST_F32((float *)p + c, v);
+    else if (dt == LNORM_DTYPE_F16)
+        VST_F16((uint16_t *)p + c, v);
+    else
+        VST_BF16((uint16_t *)p + c, v);
+}
+
+/* The first n (< W) lanes of v to column c; nothing else is written. */
+INL void st_tail(void *p, int64_t c, int64_t n, int dt, V v)
+{
+    size_t sz = lnorm_dtype_size(dt);
+    _Alignas(64) unsigned char buf[W * 4];
+    st_full(buf, 0, dt, v);
+    memcpy((char *)p + (size_t)c * sz, buf, (size_t)n * sz);
+}
+
+INL float ld1(const void *p, int dt)
+{
+    if (dt == LNORM_DTYPE_F32)
+        return *(const float *)p;
+    if (dt == LNORM_DTYPE_F16)
+        return lnorm_f16_to_f32(*(const uint16_t *)p);
+    return lnorm_bf16_to_f32(*(const uint16_t *)p);
+}
+
+/* Lanes summed pairwise in a fixed order. */
+INL float hsum(V v)
+{
+    _Alignas(64) float a[W];
+    VSTORE_ARR(a, v);
+    for (int w = W / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++)
+            a[i] += a[i + w];
+    return a[0];
+}
+
+/* The term a column contributes: mode 0: h - K; 1: ((h - K) - d)^2; 2: h^2. */
+INL V term(V h, V K, V d, int mode)
+{
+    if (mode == 2)
+        return VMUL(h, h);
+    V t = VSUB(h, K);
+    if (mode == 1) {
+        t = VSUB(t, d);
+        return VMUL(t, t);
+    }
+    return t;
+}
+
+/* Sum of term() over the row: BLOCK_VECS vectors per block in two
+ * accumulators, blocks Kahan-added lane-wise, lanes combined at the end. */
+INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mode)
+{
+    const V K = VSET1(Kf), d = VSET1(df);
+    V S = VZERO(), C = VZERO(), P = VZERO();
+    const int64_t nvec = (H + W - 1) / W;
+    for (int64_t v0 = 0; v0 < nvec; v0 += BLOCK_VECS) {
+        const int64_t v1 = v0 + BLOCK_VECS < nvec ? v0 + BLOCK_VECS : nvec;
+        V a0 = VZERO(), a1 = VZERO();
+        int64_t v = v0;
+        for (; v + 2 <= v1 && (v + 2) * W <= H; v += 2) {
+            a0 = VADD(a0, term(ld_full(hp, v * W, dt), K, d, mode));
+            a1 = VADD(a1, term(ld_full(hp, (v + 1) * W, dt), K, d, mode));
+        }
+        for (; v < v1; v++) {
+            V tv = (v + 1) * W <= H ? term(ld_full(hp, v * W, dt), K, d, mode)
+                                    : VKEEP(term(ld_tail(hp, v * W, H - v * W, dt), K, d, mode), H - v * W);
+            if ((v - v0) & 1)
+                a1 = VADD(a1, tv);
+            else
+                a0 = VADD(a0, tv);
+        }
+        V b = VADD(a0, a1);
+        /* Kahan: S + C is carried as the sum and its (negated) error. */
+        V y = VSUB(b, C);
+        V t = VADD(S, y);
+        C = VSUB(VSUB(t, S), y);
+        S = t;
+        P = VADD(P, b);
+    }
+    float plain = hsum(P);
+    if (!isfinite(plain))
+        return plain; /* Inf/NaN as an uncompensated sum would give */
+    return hsum(VSUB(S, C));
+}
+
+INL V ld_param(const void *p, int64_t c, int64_t n, int dt)
+{
+    return n == W ? ld_full(p, c, dt) : ld_tail(p, c, n, dt);
+}
+
+/* One row, x dtype xdt known at compile time after inlining. */
+INL void one_row(const lnorm_segment *s, int64_t r, int xdt)
+{
+    const int64_t H = s->hidden;
+    const size_t xsz = lnorm_dtype_size(xdt);
+    const char *x = (const char *)s->x + (size_t)(r * s->x_stride) * xsz;
+    const void *hp = x;
+    const int64_t full = H - H % W;
+
+    if (s->residual) {
+        const char *res = (const char *)s->residual + (size_t)(r * s->res_stride) * xsz;
+        char *ro = (char *)s->residual_out + (size_t)(r * s->res_out_stride) * xsz;
+        int64_t c = 0;
+        for (; c < full; c += W)
+            st_full(ro, c, xdt, VADD(ld_full(x, c, xdt), ld_full(res, c, xdt)));
+        if (c < H)
+            st_tail(ro, c, H - c, xdt, VADD(ld_tail(x, c, H - c, xdt), ld_tail(res, c, H - c, xdt)));
+        hp = ro; /* h, rounded to x's dtype, is read back from residual_out */
+    }
+
+    float Kf = 0.0f, df = 0.0f, var;
+    if (s->op == LNORM_OP_LAYERNORM) {
+        Kf = ld1(hp, xdt);
+        if (!isfinite(Kf))
+            Kf = 0.0f;
+        df = row_sum(hp, xdt, H, Kf, 0.0f, 0) / (float)H;
+        var = row_sum(hp, xdt, H, Kf, df, 1) / (float)H;
+    } else {
+        var = row_sum(hp, xdt, H, 0.0f, 0.0f, 2) / (float)H;
+    }
+    float rstd = s->eps_mode == LNORM_EPS_INSIDE ? 1.0f / sqrtf(var + s->eps)
+                                                 : 1.0f / (sqrtf(var) + s->eps);
+    if (s->mean)
+        s->mean[r] = Kf + df;
+    if (s->rstd)
+        s->rstd[r] = rstd;
+
+    char *y = (char *)s->y + (size_t)(r * s->y_stride) * lnorm_dtype_size(s->y_dtype);
+    const V K = VSET1(Kf), d = VSET1(df), rs = VSET1(rstd);
+    const int ydt = s->y_dtype, pdt = s->param_dtype;
+    const int is_ln = s->op == LNORM_OP_LAYERNORM;
+    for (int64_t c = 0; c < H; c += W) {
+        int64_t n = H - c < W ? H - c : W;
+        V h = n == W ? ld_full(hp, c, xdt) : ld_tail(hp, c, n, xdt);
+        V t = is_ln ? VSUB(VSUB(h, K), d) : h;
+        V v = VMUL(t, rs);
+        if (s->gamma && s->beta)
+            v = VFMA(v, ld_param(s->gamma, c, n, pdt), ld_param(s->beta, c, n, pdt));
+        else if (s->gamma)
+            v = VMUL(v, ld_param(s->gamma, c, n, pdt));
+        else if (s->beta)
+            v = VADD(v, ld_param(s->beta, c, n, pdt));
+        if (n == W)
+            st_full(y, c, ydt, v);
+        else
+            st_tail(y, c, n, ydt, v);
+    }
+}
+
+void ROWS_FN(const lnorm_segment *s, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        if (s->x_dtype == LNORM_DTYPE_F32)
+            one_row(s, r, LNORM_DTYPE_F32);
+        else if (s->x_dtype == LNORM_DTYPE_F16)
+            one_row(s, r, LNORM_DTYPE_F16);
+        else
+            one_row(s, r, LNORM_DTYPE_BF16);
+    }
+}
