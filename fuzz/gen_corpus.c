@@ -42,7 +42,8 @@ static void fill_f32(uint8_t *p, size_t n_elems, uint32_t seed)
     }
 }
 
-static void write_msg(const char *sub, const char *name, const ProtobufCMessage *m)
+static void write_msg(const char *sub, const char *name, const ProtobufCMessage *m,
+                      const uint8_t *prefix, size_t plen)
 {
     size_t n = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
@@ -58,7 +59,8 @@ static void write_msg(const char *sub, const char *name, const ProtobufCMessage 
     char path[4096];
     snprintf(path, sizeof path, "%s/%s/%s.pb", g_outdir, sub, name);
     FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(buf, 1, n, f) != n) || fclose(f) != 0) {
+    if (!f || (plen && fwrite(prefix, 1, plen, f) != plen) || (n && fwrite(buf, 1, n, f) != n) ||
+        fclose(f) != 0) {
         perror(path);
         exit(1);
     }
@@ -138,7 +140,7 @@ static void norm_affine(req_box *b, int pdtype, int with_gamma, int with_beta)
 
 static void put_req(const char *name, const Lnorm__V1__Request *r)
 {
-    write_msg("server_request", name, &r->base);
+    write_msg("server_request", name, &r->base, NULL, 0);
 }
 
 static void gen_normalize_requests(void)
@@ -370,9 +372,26 @@ static void gen_other_requests(void)
 
 /* ---- responses ---------------------------------------------------------- */
 
+/* Client-response seeds start with the 6-byte header of
+ * fuzz/fuzz_client_response.c choosing the call the reply answers:
+ * kind (0 normalize, 1 health, 2 info, 3 register, 4 drop), flags (bit 0
+ * RMSNorm, 1 stats, 2 residual, 3 y f32, 4 one row per chunk), x dtype
+ * index (0 f32, 1 f16, 2 bf16), rows - 1, hidden - 1, reserved. */
+static uint8_t g_hdr[6];
+
+static void hdr(int kind, int flags, int xdt, int rows, int hidden)
+{
+    g_hdr[0] = (uint8_t)kind;
+    g_hdr[1] = (uint8_t)flags;
+    g_hdr[2] = (uint8_t)xdt;
+    g_hdr[3] = (uint8_t)(rows - 1);
+    g_hdr[4] = (uint8_t)(hidden - 1);
+    g_hdr[5] = 0;
+}
+
 static void put_resp(const char *name, const Lnorm__V1__Response *r)
 {
-    write_msg("client_response", name, &r->base);
+    write_msg("client_response", name, &r->base, g_hdr, sizeof g_hdr);
 }
 
 static void gen_responses(void)
@@ -405,6 +424,7 @@ static void gen_responses(void)
     nr.mean.len = 8;
     nr.rstd.data = rstd;
     nr.rstd.len = 8;
+    hdr(0, 2, 0, 2, 8);
     put_resp("norm-ok-f32-2x8-stats", &r);
 
     nr.mean.len = 0;
@@ -412,18 +432,27 @@ static void gen_responses(void)
     fill_bytes(ro, 64, 4);
     nr.residual_out.data = ro;
     nr.residual_out.len = 64;
+    hdr(0, 4, 0, 2, 8);
     put_resp("norm-ok-f32-2x8-residual-out", &r);
+
+    nr.residual_out.len = 0;
+    nr.y.len = 32;
+    hdr(0, 0x10, 0, 2, 8);
+    put_resp("norm-ok-f32-chunked-2x8", &r);
 
     nr.residual_out.len = 0;
     nr.y.len = 2 * 64 * 2;
     fill_bytes(y, nr.y.len, 5);
+    hdr(0, 0, 2, 2, 64);
     put_resp("norm-ok-bf16-2x64", &r);
 
     r.timings = NULL;
     nr.y.len = 0;
+    hdr(0, 1, 0, 1, 1);
     put_resp("norm-ok-empty-y", &r);
 
     nr.y.len = 63;
+    hdr(0, 0, 0, 2, 8);
     put_resp("bad-norm-y-odd-size", &r);
 
     /* Errors: a status, no body. */
@@ -432,6 +461,7 @@ static void gen_responses(void)
     r.status = &st;
     st.code = LNORM__V1__CODE__INVALID_ARGUMENT;
     st.message = "normalize.x: 63 bytes, expected 64 (rows 2 x hidden 8 x f32)";
+    hdr(0, 2, 0, 2, 8);
     put_resp("err-invalid-argument", &r);
 
     st.code = LNORM__V1__CODE__RESOURCE_EXHAUSTED;
@@ -463,18 +493,21 @@ static void gen_responses(void)
     r.body_case = LNORM__V1__RESPONSE__BODY_HEALTH;
     r.health = &hr;
     hr.serving = 1;
+    hdr(1, 0, 0, 1, 1);
     put_resp("health-serving", &r);
 
     Lnorm__V1__RegisterParamsResponse rr;
     lnorm__v1__register_params_response__init(&rr);
     r.body_case = LNORM__V1__RESPONSE__BODY_REGISTER_PARAMS;
     r.register_params = &rr;
+    hdr(3, 0, 0, 1, 1);
     put_resp("register-ok", &r);
 
     Lnorm__V1__DropParamsResponse dr;
     lnorm__v1__drop_params_response__init(&dr);
     r.body_case = LNORM__V1__RESPONSE__BODY_DROP_PARAMS;
     r.drop_params = &dr;
+    hdr(4, 0, 0, 1, 1);
     put_resp("drop-ok", &r);
 
     Lnorm__V1__InfoResponse ir;
@@ -508,6 +541,7 @@ static void gen_responses(void)
     ir.limits = &lim;
     r.body_case = LNORM__V1__RESPONSE__BODY_INFO;
     r.info = &ir;
+    hdr(2, 0, 0, 1, 1);
     put_resp("info-cpu-cuda", &r);
 
     ir.limits = NULL;
