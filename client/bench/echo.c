@@ -1,6 +1,7 @@
 /* The echo server: see echo.h. */
 #include "echo.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

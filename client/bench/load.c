@@ -19,6 +19,8 @@
 #include "lnorm/lnorm.h"
 #endif
 
+volatile sig_atomic_t lnorm__interrupted;
+
 uint64_t lnorm__now_ns(void)
 {
     struct timespec ts;
@@ -490,6 +492,8 @@ static void drain(run *r)
     pthread_mutex_lock(&r->mu);
     while (r->active > 0) {
         uint64_t now = lnorm__now_ns();
+        if (lnorm__interrupted)
+            atomic_store(&r->stop, 1);
         if (now >= r->t_hard)
             break;
         if (r->cfg->progress && now - last_progress >= 250000000ull) {
@@ -539,7 +543,7 @@ static void open_loop(run *r)
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     uint64_t last_progress = lnorm__now_ns();
     double gap_ns = 1e9 / c->rate;
-    while (!atomic_load(&r->stop) && next < r->t_end) {
+    while (!atomic_load(&r->stop) && !lnorm__interrupted && next < r->t_end) {
         if (c->max_requests && atomic_load(&r->started) >= c->max_requests)
             break;
         uint64_t now = lnorm__now_ns();

@@ -9,6 +9,7 @@
 #ifndef LNORM_BENCH_LOAD_H
 #define LNORM_BENCH_LOAD_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,6 +82,9 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
 /* Register (or drop, with drop != 0) every template's params on the target
  * at url over raw NNG. Returns 0 or -1 with a message in err. */
 int lnorm__params_setup(const char *url, const lnorm__work *w, int drop, char *err, size_t errlen);
+
+/* Set (by a SIGINT handler) to end the current run early. */
+extern volatile sig_atomic_t lnorm__interrupted;
 
 /* Monotonic clock in nanoseconds. */
 uint64_t lnorm__now_ns(void);

@@ -49,7 +49,7 @@ int lnorm__child_wait_ready(lnorm__child *c, int timeout_ms, char *err, size_t e
             while (fgets(line, sizeof line, f)) {
                 if (!strncmp(line, "listen ", 7)) {
                     line[strcspn(line, "\r\n")] = '\0';
-                    snprintf(c->url, sizeof c->url, "%s", line + 7);
+                    snprintf(c->url, sizeof c->url, "%.500s", line + 7);
                     found = 1;
                     break;
                 }
