@@ -1,0 +1,194 @@
+"""Forward LayerNorm / RMSNorm throughput on one GPU, side by side on the same tensors.
+
+Implementations: lnormd's CUDA kernels (liblnorm_cuda_bench.so through ctypes,
+torch tensors' data_ptr()), torch eager, torch.compile, and the Triton seed
+kernel (kernels/triton). op x dtype (bf16, f32) x H in 128 .. 262144 with
+N x H = 2^27 elements; gamma (and beta for LayerNorm) in x's dtype; no
+mean/rstd outputs for anyone. The device-to-device copy bandwidth of the
+same tensors is measured in the same run as the ceiling.
+GB/s = 2 x N x H x element bytes / median time (triton.testing.do_bench).
+
+Writes kernels-<date>.json (device, date, commit, every figure) and
+kernels-<date>.png into --out, and prints a table.
+Usage: python3 bench/kernels.py --lib build-sm90/kernels/cuda/liblnorm_cuda_bench.so --out DIR
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "kernels", "triton"))
+from lnorm_triton import norm_fwd as triton_norm  # noqa: E402
+
+DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+OPS = {"ln": 1, "rms": 2}
+
+
+def load_lib(path):
+    lib = ctypes.CDLL(path)
+    f = lib.lnorm_cuda_norm
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    lib.lnorm_cuda_tier.restype = ctypes.c_int
+    lib.lnorm_cuda_tier.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def lnormd_fn(lib, op, x, w, b, y):
+    N, H = x.shape
+    stream = torch.cuda.current_stream().cuda_stream
+    args = (OPS[op], DT[x.dtype], 0, 0, N, H, 0, 0, x.data_ptr(), y.data_ptr(), None, None,
+            w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0, stream)
+
+    def run():
+        rc = lib.lnorm_cuda_norm(*args)
+        if rc != 0:
+            raise RuntimeError(f"lnorm_cuda_norm returned {rc}")
+    return run
+
+
+def eager(op, x, w, b):
+    H = x.shape[1]
+    if op == "ln":
+        return lambda: F.layer_norm(x, (H,), w, b, 1e-5)
+    return lambda: F.rms_norm(x, (H,), w, 1e-5)
+
+
+def _ln(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def _rms(x, w):
+    return F.rms_norm(x, (x.shape[-1],), w, 1e-5)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--elems-log2", type=int, default=27)
+    ap.add_argument("--compile-budget-s", type=float, default=150.0,
+                    help="stop timing torch.compile once its compiles took this long (recorded as skipped)")
+    ap.add_argument("--commit", default=os.environ.get("LNORM_COMMIT", "unknown"))
+    a = ap.parse_args()
+    lib = load_lib(a.lib)
+    dev = torch.cuda.get_device_name(0)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    total = 1 << a.elems_log2
+    Hs = [1 << k for k in range(7, 19)]
+    comp_ln = torch.compile(_ln, dynamic=False)
+    comp_rms = torch.compile(_rms, dynamic=False)
+    compile_spent = 0.0
+    rows = []
+    copy_gbs = {}
+    torch.manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        esz = torch.tensor([], dtype=dtype).element_size()
+        src = torch.randn(total, device="cuda").to(dtype)
+        dst = torch.empty_like(src)
+        t = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+        copy_gbs[str(dtype).replace("torch.", "")] = 2 * total * esz / (t * 1e-3) / 1e9
+        del dst
+        for op in ("ln", "rms"):
+            for H in Hs:
+                N = total // H
+                x = src.view(N, H)
+                w = (torch.randn(H, device="cuda") * 0.5 + 1).to(dtype)
+                b = (torch.randn(H, device="cuda") * 0.1).to(dtype) if op == "ln" else None
+                y = torch.full_like(x, float("nan"))
+                gbs = lambda ms: 2 * N * H * esz / (ms * 1e-3) / 1e9  # noqa: E731
+                res = {"op": op, "dtype": str(dtype).replace("torch.", ""), "H": H, "N": N}
+                desc = ctypes.c_char_p()
+                lib.lnorm_cuda_tier(DT[dtype], H, ctypes.byref(desc))
+                res["lnormd_tier"] = desc.value.decode()
+                # Correctness sanity of every implementation against eager.
+                fn_l = lnormd_fn(lib, op, x, w, b, y)
+                fn_l()
+                torch.cuda.synchronize()
+                ref = eager(op, x, w, b)()
+                res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
+                del ref
+                res["lnormd"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
+                res["torch_eager"] = gbs(triton.testing.do_bench(eager(op, x, w, b), return_mode="median"))
+                if op == "ln":
+                    fn_t = lambda: triton_norm(x, w, b, 1e-5, rms=False, out=y)  # noqa: E731
+                else:
+                    fn_t = lambda: triton_norm(x, w, None, 1e-5, rms=True, out=y)  # noqa: E731
+                res["triton_seed"] = gbs(triton.testing.do_bench(fn_t, return_mode="median"))
+                if compile_spent < a.compile_budget_s:
+                    t0 = time.time()
+                    fn_c = (lambda: comp_ln(x, w, b)) if op == "ln" else (lambda: comp_rms(x, w))
+                    fn_c()
+                    torch.cuda.synchronize()
+                    compile_spent += time.time() - t0
+                    res["torch_compile"] = gbs(triton.testing.do_bench(fn_c, return_mode="median"))
+                else:
+                    res["torch_compile"] = None  # skipped: compile time budget spent
+                peers = [res[k] for k in ("torch_eager", "torch_compile", "triton_seed") if res[k]]
+                res["best_peer"] = max(peers)
+                cp = copy_gbs[res["dtype"]]
+                res["copy"] = cp
+                res["lnormd_vs_best_peer"] = res["lnormd"] / res["best_peer"]
+                res["lnormd_vs_copy"] = res["lnormd"] / cp
+                target = 0.95 if H <= 16384 else 0.85
+                res["meets_target"] = bool(res["lnormd"] >= res["best_peer"] and res["lnormd"] >= target * cp)
+                rows.append(res)
+                tc = res["torch_compile"]
+                print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s} lnormd {res['lnormd']:6.0f} "
+                      f"eager {res['torch_eager']:6.0f} compile {tc if tc is None else round(tc):>6} "
+                      f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} "
+                      f"vs copy {res['lnormd_vs_copy']:.2f} {'OK' if res['meets_target'] else 'MISS'} "
+                      f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})", flush=True)
+                del y
+        del src
+    out = {"device": dev, "date": date, "commit": a.commit, "elements": total,
+           "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
+           "copy_gbs": copy_gbs, "torch": torch.__version__, "triton": triton.__version__,
+           "torch_compile_seconds": compile_spent, "rows": rows}
+    os.makedirs(a.out, exist_ok=True)
+    jpath = os.path.join(a.out, f"kernels-{date}.json")
+    with open(jpath, "w") as f:
+        json.dump(out, f, indent=1)
+    print("wrote", jpath)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
+        for ax, (op, dt) in zip(axes.flat, [("ln", "bfloat16"), ("ln", "float32"), ("rms", "bfloat16"), ("rms", "float32")]):
+            sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
+            for k in ("lnormd", "torch_eager", "torch_compile", "triton_seed"):
+                pts = [(r["H"], r[k]) for r in sel if r[k]]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=k)
+            ax.axhline(copy_gbs[dt], color="k", ls="--", label="copy")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op} {dt} ({dev}, {date})")
+            ax.set_xlabel("H")
+            ax.set_ylabel("GB/s")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        ppath = os.path.join(a.out, f"kernels-{date}.png")
+        fig.savefig(ppath, dpi=90)
+        print("wrote", ppath)
+    except Exception as e:  # the JSON is the record; the plot is a convenience
+        print("plot failed:", e)
+    return 0
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("FAIL: no GPU")
+        sys.exit(1)
+    sys.exit(main())

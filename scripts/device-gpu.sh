@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU proof, in one command, on a machine with an NVIDIA GPU, from the
+# repository root, with a build folder made by `make device-build`
+# (build-sm90, static, sm_90) carried along:
+#   1. tests/gpu/test_gpu            (full matrix vs float64, GPU vs CPU, invariance)
+#   2. compute-sanitizer memcheck + racecheck on test_gpu --quick
+#   3. the Triton seed kernel's correctness test
+#   4. bench/kernels.py              (lnormd vs torch eager / compile / Triton seed)
+# Logs, JSON and PNG go to $OUT (default ./device-out); summary.txt lists
+# each step's exit status. Exits non-zero if any step failed.
+# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,san,triton,bench]
+set -u
+B=${1:-build-sm90}
+STEPS=${2:-test,san,triton,bench}
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat "$B/lnorm_commit.txt" 2>/dev/null || echo unknown)
+export LNORM_COMMIT=$COMMIT
+S=$OUT/summary.txt
+{
+  echo "date: $(date -u +%FT%TZ)  commit: $COMMIT"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
+} >"$S"
+fail=0
+step() { # name, timeout, log, command...
+  local name=$1 t=$2 log=$3
+  shift 3
+  local t0=$SECONDS
+  timeout "$t" "$@" >"$log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc ($((SECONDS - t0)) s) $(tail -n 1 "$log" | cut -c1-200)" >>"$S"
+  [ $rc -eq 0 ] || fail=1
+}
+case ",$STEPS," in *,test,*)
+  step gpu-test 240 "$OUT/gpu-test.log" "$B/tests/gpu/test_gpu" ;;
+esac
+case ",$STEPS," in *,san,*)
+  step memcheck 240 "$OUT/sanitizer-memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --quick
+  step racecheck 240 "$OUT/sanitizer-racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --quick ;;
+esac
+case ",$STEPS," in *,triton,*)
+  step triton-test 240 "$OUT/triton-test.log" python3 kernels/triton/test_lnorm_triton.py ;;
+esac
+case ",$STEPS," in *,bench,*)
+  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" ;;
+esac
+cat "$S"
+exit $fail
