@@ -403,6 +403,10 @@ static void slot_cb(void *arg)
         nng_msg_free(m);
     }
     nng_mtx_lock(c->mtx);
+    if (rv != 0 && c->closing) {
+        err = LNORM_ECLOSED;
+        snprintf(why, sizeof why, "client closed (%s)", nng_strerror(rv));
+    }
     s->call = NULL;
     s->next_free = c->free_slots;
     c->free_slots = s;

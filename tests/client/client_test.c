@@ -1,0 +1,929 @@
+/*
+ * Integration tests of liblnorm against a real lnormd (and, for failure
+ * modes a real server never shows, against small in-test NNG servers).
+ *
+ *   client_test LNORMD_PATH concurrent|chunked|params|errors
+ *   client_test - timeout|protocol
+ *
+ * Every normalize response is checked against the float64 reference of
+ * tests/common (lnorm_test_check_segment) on random data, with the output
+ * buffers poisoned first.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "harness.h"
+#include "lnorm.pb-c.h"
+#include "lnorm/lnorm.h"
+#include "testcase.h"
+#include "testutil.h"
+
+static atomic_int failures;
+
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);              \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+            atomic_fetch_add(&failures, 1);                                               \
+        }                                                                                 \
+    } while (0)
+
+static lnorm__daemon daemon_;
+
+/* A normalize request describing a test case's (contiguous) buffers. */
+static void req_from_case(lnorm_normalize_req *q, const lnorm_test_case *tc)
+{
+    const lnorm_segment *s = &tc->seg;
+    lnorm_normalize_req_init(q, (lnorm_op)s->op, (lnorm_dtype)s->x_dtype, (uint64_t)s->rows,
+                             (uint64_t)s->hidden);
+    q->y_dtype = (lnorm_dtype)s->y_dtype;
+    q->param_dtype = (lnorm_dtype)s->param_dtype;
+    q->eps = s->eps;
+    q->eps_mode = (lnorm_eps_mode)s->eps_mode;
+    q->x = s->x;
+    q->residual = s->residual;
+    q->residual_out = s->residual_out;
+    q->gamma = s->gamma;
+    q->beta = s->beta;
+    q->y = s->y;
+    q->mean = s->mean;
+    q->rstd = s->rstd;
+    q->want_stats = s->rstd != NULL;
+}
+
+static const int64_t hiddens[] = {1, 2, 7, 64, 100, 256, 1000, 1024, 3000, 4096};
+
+static void random_cfg(lnorm_rng *g, lnorm_test_case_cfg *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->op = lnorm_rng_next(g) % 2 ? LNORM_OP_LAYERNORM : LNORM_OP_RMSNORM;
+    cfg->x_dtype = 1 + (int)(lnorm_rng_next(g) % 3);
+    int yc = (int)(lnorm_rng_next(g) % 3);
+    cfg->y_dtype = yc == 0 ? 0 : yc == 1 ? LNORM_DTYPE_F32 : cfg->x_dtype;
+    cfg->param_dtype = lnorm_rng_next(g) % 2 ? LNORM_DTYPE_F32 : cfg->x_dtype;
+    static const float epss[] = {1e-5f, 1e-3f, 0.25f};
+    cfg->eps = epss[lnorm_rng_next(g) % 3];
+    cfg->eps_mode = (int)(lnorm_rng_next(g) % 2);
+    cfg->rows = 1 + (int64_t)(lnorm_rng_next(g) % 40);
+    cfg->hidden = hiddens[lnorm_rng_next(g) % (sizeof hiddens / sizeof hiddens[0])];
+    cfg->gamma = (int)(lnorm_rng_next(g) % 2);
+    cfg->beta = (int)(lnorm_rng_next(g) % 2);
+    cfg->residual = lnorm_rng_next(g) % 3 == 0;
+    cfg->stats = (int)(lnorm_rng_next(g) % 2);
+    cfg->x_mean = (lnorm_rng_uniform(g) - 0.5) * 4;
+    cfg->x_spread = 0.5 + lnorm_rng_uniform(g) * 2;
+}
+
+static void describe(char *buf, size_t n, const lnorm_test_case_cfg *c)
+{
+    snprintf(buf, n, "%s x=%s y=%s p=%s %lldx%lld eps=%g mode=%d g=%d b=%d r=%d s=%d",
+             c->op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c->x_dtype),
+             lnorm_dtype_name(c->y_dtype ? c->y_dtype : c->x_dtype), lnorm_dtype_name(c->param_dtype),
+             (long long)c->rows, (long long)c->hidden, (double)c->eps, c->eps_mode, c->gamma, c->beta,
+             c->residual, c->stats);
+}
+
+/* ---- async helper ---------------------------------------------------------- */
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;
+    int errs[256];
+    char msgs[256][256];
+} waiter;
+
+typedef struct wslot {
+    waiter *w;
+    int idx;
+} wslot;
+
+static void waiter_init(waiter *w)
+{
+    memset(w, 0, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+}
+
+static void waiter_cb(void *arg, int err, const lnorm_result *res)
+{
+    wslot *s = arg;
+    waiter *w = s->w;
+    pthread_mutex_lock(&w->mu);
+    w->errs[s->idx] = err;
+    snprintf(w->msgs[s->idx], sizeof w->msgs[0], "%s", res ? res->message : "");
+    w->pending--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Wait for every pending call, at most timeout_ms; returns 0 if all came. */
+static int waiter_wait(waiter *w, int timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&w->mu);
+    int rv = 0;
+    while (w->pending > 0 && rv == 0)
+        rv = pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    int left = w->pending;
+    pthread_mutex_unlock(&w->mu);
+    return left == 0 ? 0 : -1;
+}
+
+/* ---- concurrent: 64 clients, mixed ops/dtypes/shapes, sync and async ---------- */
+
+#define NTHREADS 64
+#define PER_THREAD 6
+
+static void *client_thread(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 0x5eed0000u + (uint64_t)t);
+    const char *urls[2];
+    size_t nurls = 0;
+    if (t % 3 == 0)
+        urls[nurls++] = daemon_.tcp_url;
+    else if (t % 3 == 1)
+        urls[nurls++] = daemon_.ipc_url;
+    else {
+        urls[nurls++] = daemon_.tcp_url;
+        urls[nurls++] = daemon_.ipc_url;
+    }
+    lnorm_client *c;
+    int rv = lnorm_client_open(&c, urls, nurls, NULL);
+    CHECK(rv == LNORM_OK, "thread %d open: %s", t, lnorm_strerror(rv));
+    if (rv != LNORM_OK)
+        return NULL;
+    for (int k = 0; k < PER_THREAD; k++) {
+        lnorm_test_case_cfg cfg;
+        random_cfg(&g, &cfg);
+        lnorm_test_case tc;
+        if (lnorm_test_case_make(&tc, &cfg, &g) != LNORM_OK) {
+            CHECK(0, "out of memory");
+            break;
+        }
+        lnorm_normalize_req q;
+        req_from_case(&q, &tc);
+        char label[200];
+        describe(label, sizeof label, &cfg);
+        if (k % 2 == 0) {
+            lnorm_result res;
+            rv = lnorm_normalize(c, &q, &res);
+            CHECK(rv == LNORM_OK, "sync %s: %s: %s", label, lnorm_strerror(rv), res.message);
+            CHECK(rv != LNORM_OK || res.chunks >= 1, "chunks not reported");
+        } else {
+            waiter w;
+            waiter_init(&w);
+            wslot ws = {&w, 0};
+            w.pending = 1;
+            rv = lnorm_normalize_async(c, &q, waiter_cb, &ws);
+            CHECK(rv == LNORM_OK, "async start %s: %s", label, lnorm_strerror(rv));
+            if (rv == LNORM_OK) {
+                CHECK(waiter_wait(&w, 60000) == 0, "async %s never completed", label);
+                rv = w.errs[0];
+                CHECK(rv == LNORM_OK, "async %s: %s: %s", label, lnorm_strerror(rv), w.msgs[0]);
+            }
+        }
+        if (rv == LNORM_OK) {
+            long bad = lnorm_test_check_segment(&tc.seg, NULL, label);
+            CHECK(bad == 0, "%s: %ld mismatches", label, bad);
+        }
+        lnorm_test_case_free(&tc);
+    }
+    lnorm_client_close(c);
+    return NULL;
+}
+
+static int test_concurrent(void)
+{
+    pthread_t th[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_create(&th[t], NULL, client_thread, (void *)(intptr_t)t);
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+
+    /* One shared client with 128 asynchronous calls in flight at once. */
+    lnorm_client *c;
+    const char *urls[2] = {daemon_.tcp_url, daemon_.ipc_url};
+    int rv = lnorm_client_open(&c, urls, 2, NULL);
+    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
+    if (rv != LNORM_OK)
+        return 1;
+    enum { N = 128 };
+    static lnorm_test_case tcs[N];
+    static lnorm_test_case_cfg cfgs[N];
+    static wslot slots[N];
+    static waiter w;
+    waiter_init(&w);
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 777);
+    int started = 0;
+    for (int i = 0; i < N; i++) {
+        random_cfg(&g, &cfgs[i]);
+        if (lnorm_test_case_make(&tcs[i], &cfgs[i], &g) != LNORM_OK) {
+            CHECK(0, "out of memory");
+            break;
+        }
+        lnorm_normalize_req q;
+        req_from_case(&q, &tcs[i]);
+        slots[i].w = &w;
+        slots[i].idx = i;
+        pthread_mutex_lock(&w.mu);
+        w.pending++;
+        pthread_mutex_unlock(&w.mu);
+        rv = lnorm_normalize_async(c, &q, waiter_cb, &slots[i]);
+        CHECK(rv == LNORM_OK, "async start %d: %s", i, lnorm_strerror(rv));
+        if (rv != LNORM_OK) {
+            pthread_mutex_lock(&w.mu);
+            w.pending--;
+            pthread_mutex_unlock(&w.mu);
+            lnorm_test_case_free(&tcs[i]);
+            break;
+        }
+        started++;
+    }
+    CHECK(waiter_wait(&w, 60000) == 0, "shared-client async calls did not all complete");
+    for (int i = 0; i < started; i++) {
+        char label[200];
+        describe(label, sizeof label, &cfgs[i]);
+        CHECK(w.errs[i] == LNORM_OK, "shared async %s: %s: %s", label, lnorm_strerror(w.errs[i]),
+              w.msgs[i]);
+        if (w.errs[i] == LNORM_OK) {
+            long bad = lnorm_test_check_segment(&tcs[i].seg, NULL, label);
+            CHECK(bad == 0, "%s: %ld mismatches", label, bad);
+        }
+        lnorm_test_case_free(&tcs[i]);
+    }
+    lnorm_client_close(c);
+    printf("concurrent: %d clients x %d calls + %d async on one client\n", NTHREADS, PER_THREAD,
+           started);
+    return 0;
+}
+
+/* ---- chunked: a large request split by rows equals the unchunked result ------- */
+
+static int chunked_case(lnorm_client *c, const lnorm_test_case_cfg *cfg, size_t chunk_a,
+                        size_t chunk_b, uint32_t want_chunks_a)
+{
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 4242 + (uint64_t)cfg->hidden);
+    lnorm_test_case tc;
+    if (lnorm_test_case_make(&tc, cfg, &g) != LNORM_OK) {
+        CHECK(0, "out of memory");
+        return 1;
+    }
+    char label[200];
+    describe(label, sizeof label, cfg);
+    lnorm_normalize_req q;
+    req_from_case(&q, &tc);
+    q.chunk_bytes = chunk_a;
+    lnorm_result res;
+    int rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK, "chunked %s: %s: %s", label, lnorm_strerror(rv), res.message);
+    CHECK(res.chunks == want_chunks_a, "%s: %u chunks, expected %u", label, res.chunks,
+          want_chunks_a);
+    long bad = rv == LNORM_OK ? lnorm_test_check_segment(&tc.seg, NULL, label) : -1;
+    CHECK(bad == 0, "chunked %s: %ld mismatches", label, bad);
+
+    /* Keep the chunked outputs, run again with the other chunk size. */
+    void *y1 = malloc(tc.y_bytes), *r1 = tc.residual_out ? malloc(tc.res_bytes) : NULL;
+    size_t rows = (size_t)cfg->rows;
+    float *m1 = tc.mean ? malloc(rows * 4) : NULL, *s1 = tc.rstd ? malloc(rows * 4) : NULL;
+    memcpy(y1, tc.y, tc.y_bytes);
+    if (r1)
+        memcpy(r1, tc.residual_out, tc.res_bytes);
+    if (m1)
+        memcpy(m1, tc.mean, rows * 4);
+    if (s1)
+        memcpy(s1, tc.rstd, rows * 4);
+    lnorm_test_case_repoison(&tc);
+    q.chunk_bytes = chunk_b;
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK, "second run %s: %s: %s", label, lnorm_strerror(rv), res.message);
+    bad = rv == LNORM_OK ? lnorm_test_check_segment(&tc.seg, NULL, label) : -1;
+    CHECK(bad == 0, "second run %s: %ld mismatches", label, bad);
+    CHECK(memcmp(y1, tc.y, tc.y_bytes) == 0, "%s: y differs between chunkings", label);
+    CHECK(!r1 || memcmp(r1, tc.residual_out, tc.res_bytes) == 0, "%s: residual_out differs", label);
+    CHECK(!m1 || memcmp(m1, tc.mean, rows * 4) == 0, "%s: mean differs", label);
+    CHECK(!s1 || memcmp(s1, tc.rstd, rows * 4) == 0, "%s: rstd differs", label);
+    printf("chunked %s: %u chunks vs %u chunks: equal\n", label, want_chunks_a, res.chunks);
+    free(y1);
+    free(r1);
+    free(m1);
+    free(s1);
+    lnorm_test_case_free(&tc);
+    return 0;
+}
+
+static int test_chunked(void)
+{
+    lnorm_client *c;
+    const char *url = daemon_.tcp_url;
+    int rv = lnorm_client_open(&c, &url, 1, NULL);
+    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
+    if (rv != LNORM_OK)
+        return 1;
+    lnorm_server_info info;
+    lnorm_result res;
+    rv = lnorm_info(c, &info, &res);
+    CHECK(rv == LNORM_OK, "info: %s: %s", lnorm_strerror(rv), res.message);
+    uint64_t maxmsg = rv == LNORM_OK && info.max_message_bytes ? info.max_message_bytes : (4u << 20);
+    uint64_t maxrows = rv == LNORM_OK && info.max_rows ? info.max_rows : 4096;
+
+    /* f32 LayerNorm with everything: 2048 x 1024 (8 MiB of x, 8 of residual). */
+    lnorm_test_case_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.op = LNORM_OP_LAYERNORM;
+    cfg.x_dtype = LNORM_DTYPE_F32;
+    cfg.rows = 2048;
+    cfg.hidden = 1024;
+    cfg.gamma = cfg.beta = cfg.residual = cfg.stats = 1;
+    cfg.x_mean = 1.5;
+    cfg.x_spread = 3;
+    if ((uint64_t)cfg.rows > maxrows)
+        cfg.rows = (int64_t)maxrows;
+    /* unchunked if the server takes a message that big; else 4 big chunks */
+    uint64_t whole = (uint64_t)cfg.rows * 1024 * 4;
+    size_t big = 3 * whole + 65536 <= maxmsg ? (size_t)1 << 40 : (size_t)(whole / 4);
+    chunked_case(c, &cfg, 256u << 10, big, (uint32_t)((cfg.rows + 63) / 64));
+
+    /* bf16 RMSNorm, chunk size not a multiple of a row, last chunk of 1 row. */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.op = LNORM_OP_RMSNORM;
+    cfg.x_dtype = LNORM_DTYPE_BF16;
+    cfg.y_dtype = LNORM_DTYPE_F32;
+    cfg.param_dtype = LNORM_DTYPE_F32;
+    cfg.rows = 1001;
+    cfg.hidden = 1000;
+    cfg.gamma = cfg.stats = 1;
+    chunked_case(c, &cfg, 100999, (size_t)1 << 40, 21);
+
+    /* f16 with a residual, pipeline of 1-row chunks. */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.op = LNORM_OP_LAYERNORM;
+    cfg.x_dtype = LNORM_DTYPE_F16;
+    cfg.rows = 50;
+    cfg.hidden = 777;
+    cfg.residual = cfg.beta = cfg.stats = 1;
+    chunked_case(c, &cfg, 1, (size_t)1 << 40, 50);
+    lnorm_client_close(c);
+    return 0;
+}
+
+/* ---- params: register, use, duplicate, drop ------------------------------------ */
+
+static int test_params(void)
+{
+    lnorm_client *c;
+    const char *url = daemon_.ipc_url;
+    int rv = lnorm_client_open(&c, &url, 1, NULL);
+    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
+    if (rv != LNORM_OK)
+        return 1;
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 99);
+    int dts[3] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    for (int k = 0; k < 3; k++) {
+        lnorm_test_case_cfg cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.op = k == 1 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM;
+        cfg.x_dtype = dts[k];
+        cfg.param_dtype = dts[k];
+        cfg.rows = 33;
+        cfg.hidden = 520;
+        cfg.gamma = 1;
+        cfg.beta = k != 1;
+        cfg.stats = 1;
+        lnorm_test_case tc;
+        if (lnorm_test_case_make(&tc, &cfg, &g) != LNORM_OK)
+            return 1;
+        char id[64];
+        snprintf(id, sizeof id, "test.params:%d-%s", k, lnorm_dtype_name(dts[k]));
+        lnorm_params_desc p = {id, (lnorm_dtype)dts[k], 520, tc.seg.gamma, tc.seg.beta};
+        lnorm_result res;
+        rv = lnorm_register_params(c, &p, &res);
+        CHECK(rv == LNORM_OK, "register %s: %s: %s", id, lnorm_strerror(rv), res.message);
+        rv = lnorm_register_params(c, &p, &res);
+        CHECK(rv == LNORM_EEXIST, "re-register %s gave %s, want EEXIST", id, lnorm_errname(rv));
+        CHECK(res.status == 6, "re-register status %d, want ALREADY_EXISTS (6)", res.status);
+
+        lnorm_normalize_req q;
+        req_from_case(&q, &tc);
+        q.gamma = q.beta = NULL;
+        q.params_id = id;
+        rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv == LNORM_OK, "normalize by id %s: %s: %s", id, lnorm_strerror(rv), res.message);
+        long bad = rv == LNORM_OK ? lnorm_test_check_segment(&tc.seg, NULL, id) : -1;
+        CHECK(bad == 0, "by id %s: %ld mismatches", id, bad);
+
+        /* hidden mismatch is rejected */
+        lnorm_test_case_repoison(&tc);
+        q.hidden = 260;
+        q.rows = 66;
+        rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv == LNORM_EINVAL, "hidden mismatch with %s gave %s, want EINVAL", id,
+              lnorm_errname(rv));
+        q.hidden = 520;
+        q.rows = 33;
+
+        rv = lnorm_drop_params(c, id, &res);
+        CHECK(rv == LNORM_OK, "drop %s: %s: %s", id, lnorm_strerror(rv), res.message);
+        rv = lnorm_drop_params(c, id, &res);
+        CHECK(rv == LNORM_ENOTFOUND, "drop twice gave %s, want ENOTFOUND", lnorm_errname(rv));
+        rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv == LNORM_ENOTFOUND, "use after drop gave %s, want ENOTFOUND", lnorm_errname(rv));
+        CHECK(res.message[0] != 0, "no server message for an unknown params id");
+        printf("params %s: register/use/duplicate/drop ok (server said: \"%s\")\n", id,
+               res.message);
+        lnorm_test_case_free(&tc);
+    }
+    lnorm_result res;
+    lnorm_params_desc bad = {"has space", LNORM_DTYPE_F32, 4, NULL, NULL};
+    float gm[4] = {1, 2, 3, 4};
+    bad.gamma = gm;
+    CHECK(lnorm_register_params(c, &bad, &res) == LNORM_EINVAL, "bad id accepted");
+    bad.id = "ok";
+    bad.dtype = (lnorm_dtype)9;
+    CHECK(lnorm_register_params(c, &bad, &res) == LNORM_EINVAL, "bad dtype accepted");
+    int serving = -1;
+    rv = lnorm_health(c, &serving, &res);
+    CHECK(rv == LNORM_OK && serving == 1, "health: %s, serving %d", lnorm_strerror(rv), serving);
+    lnorm_server_info info;
+    memset(&info, 0xab, sizeof info);
+    rv = lnorm_info(c, &info, &res);
+    CHECK(rv == LNORM_OK, "info: %s", lnorm_strerror(rv));
+    CHECK(rv != LNORM_OK || (info.nbackends >= 1 && strlen(info.version) > 0 &&
+                             info.max_message_bytes > 0),
+          "info incomplete: version '%s', %d backends, max_message_bytes %llu", info.version,
+          info.nbackends, (unsigned long long)info.max_message_bytes);
+    printf("info: version %s, backend %s, max_message_bytes %llu\n", info.version,
+           info.nbackends ? info.backends[0] : "?", (unsigned long long)info.max_message_bytes);
+    lnorm_client_close(c);
+    return 0;
+}
+
+/* ---- errors: client-side validation and the server's, raw ----------------------- */
+
+/* Send one raw Request to url; returns the status code of the reply or -1. */
+static int raw_exchange(const char *url, const Lnorm__V1__Request *req, char *msg, size_t msglen)
+{
+    nng_socket s;
+    int code = -1;
+    if (nng_req0_open(&s) != 0)
+        return -1;
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 10000);
+    if (nng_dial(s, url, NULL, 0) != 0)
+        goto out;
+    size_t n = lnorm__v1__request__get_packed_size(req);
+    uint8_t *buf = malloc(n ? n : 1);
+    lnorm__v1__request__pack(req, buf);
+    int rv = nng_send(s, buf, n, 0);
+    free(buf);
+    if (rv != 0)
+        goto out;
+    char *rb;
+    size_t rn;
+    if (nng_recv(s, &rb, &rn, NNG_FLAG_ALLOC) != 0)
+        goto out;
+    Lnorm__V1__Response *resp = lnorm__v1__response__unpack(NULL, rn, (uint8_t *)rb);
+    nng_free(rb, rn);
+    if (resp) {
+        code = resp->status ? (int)resp->status->code : 0;
+        snprintf(msg, msglen, "%s", resp->status && resp->status->message ? resp->status->message : "");
+        lnorm__v1__response__free_unpacked(resp, NULL);
+    }
+out:
+    nng_close(s);
+    return code;
+}
+
+static int test_errors(void)
+{
+    lnorm_client *c;
+    const char *url = daemon_.tcp_url;
+    int rv = lnorm_client_open(&c, &url, 1, NULL);
+    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
+    if (rv != LNORM_OK)
+        return 1;
+    float x[8 * 16], y[8 * 16];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 5);
+    lnorm_test_fill(&g, x, LNORM_DTYPE_F32, 128, 0, 1);
+    lnorm_normalize_req q;
+    lnorm_result res;
+    const float bad_eps[] = {0.0f, -1e-5f, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 8, 16);
+        q.x = x;
+        q.y = y;
+        q.eps = bad_eps[i];
+        memset(&res, 0x5a, sizeof res);
+        rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv == LNORM_EINVAL, "eps %g gave %s, want EINVAL", (double)bad_eps[i],
+              lnorm_errname(rv));
+        CHECK(res.err == LNORM_EINVAL && strstr(res.message, "eps") != NULL,
+              "result for eps %g: err %d, message '%s'", (double)bad_eps[i], res.err, res.message);
+        CHECK(lnorm_normalize_async(c, &q, waiter_cb, NULL) == LNORM_EINVAL,
+              "async accepted eps %g", (double)bad_eps[i]);
+    }
+    /* other client-side checks */
+    struct {
+        const char *what;
+        void (*mut)(lnorm_normalize_req *);
+    } cases[] = {{"op 0", NULL}};
+    (void)cases;
+    lnorm_normalize_req_init(&q, (lnorm_op)0, LNORM_DTYPE_F32, 8, 16);
+    q.x = x, q.y = y;
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "op 0 accepted");
+    lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, (lnorm_dtype)7, 8, 16);
+    q.x = x, q.y = y;
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "dtype 7 accepted");
+    lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 0, 16);
+    q.x = x, q.y = y;
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "rows 0 accepted");
+    lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 8, 16);
+    q.y = y;
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "x NULL accepted");
+    lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 8, 16);
+    q.x = x, q.y = y;
+    float m[8];
+    q.mean = m;
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "mean for RMSNorm accepted");
+    lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 8, 16);
+    q.x = x, q.y = y, q.residual = x;
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "residual without residual_out accepted");
+    lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 8, 16);
+    q.x = x, q.y = y, q.gamma = x, q.params_id = "abc";
+    CHECK(lnorm_normalize(c, &q, &res) == LNORM_EINVAL, "params_id + gamma accepted");
+
+    /* The server rejects the same when sent raw. */
+    Lnorm__V1__NormalizeRequest n = LNORM__V1__NORMALIZE_REQUEST__INIT;
+    n.op = LNORM__V1__OP__OP_LAYER_NORM;
+    n.x_dtype = LNORM__V1__DTYPE__DTYPE_F32;
+    n.rows = 8;
+    n.hidden = 16;
+    n.x.data = (uint8_t *)x;
+    n.x.len = sizeof x;
+    n.eps_present_case = LNORM__V1__NORMALIZE_REQUEST__EPS_PRESENT_EPS;
+    Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
+    req.request_id = 1;
+    req.body_case = LNORM__V1__REQUEST__BODY_NORMALIZE;
+    req.normalize = &n;
+    char msg[256];
+    for (int i = 0; i < 4; i++) {
+        n.eps = bad_eps[i];
+        int code = raw_exchange(daemon_.tcp_url, &req, msg, sizeof msg);
+        CHECK(code == 3, "server: eps %g gave status %d, want INVALID_ARGUMENT (3)",
+              (double)bad_eps[i], code);
+        CHECK(lnorm_status_to_err(code) == LNORM_EINVAL, "status %d maps to %s", code,
+              lnorm_errname(lnorm_status_to_err(code)));
+        printf("server, raw eps %g: status %d \"%s\"\n", (double)bad_eps[i], code, msg);
+    }
+    n.eps = 1e-5f;
+    n.x.len = sizeof x - 4;
+    int code = raw_exchange(daemon_.ipc_url, &req, msg, sizeof msg);
+    CHECK(code == 3, "server: short x gave status %d, want 3", code);
+    n.x.len = sizeof x;
+    n.op = 0;
+    code = raw_exchange(daemon_.ipc_url, &req, msg, sizeof msg);
+    CHECK(code == 3, "server: op 0 gave status %d, want 3", code);
+    /* a sane raw request works (the raw path itself is fine) */
+    n.op = LNORM__V1__OP__OP_RMS_NORM;
+    code = raw_exchange(daemon_.ipc_url, &req, msg, sizeof msg);
+    CHECK(code == 0, "server: good raw request gave status %d (%s)", code, msg);
+
+    /* unknown params id through the library: the server's message is kept */
+    lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 8, 16);
+    q.x = x, q.y = y, q.params_id = "never-registered";
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_ENOTFOUND && res.status == 5 && res.message[0],
+          "unknown id: %s status %d '%s'", lnorm_errname(rv), res.status, res.message);
+    /* a server limit: more rows than it accepts, one chunk */
+    lnorm_server_info info;
+    if (lnorm_info(c, &info, &res) == LNORM_OK && info.max_hidden && info.max_hidden < (1u << 24)) {
+        uint64_t h = info.max_hidden + 1;
+        float *big = calloc(h, 4), *yb = malloc(h * 4);
+        lnorm_test_fill(&g, big, LNORM_DTYPE_F32, h, 0, 1);
+        lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 1, h);
+        q.x = big, q.y = yb;
+        rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv != LNORM_OK, "hidden over the server's max_hidden accepted");
+        printf("hidden %llu > max_hidden: %s \"%s\"\n", (unsigned long long)h, lnorm_errname(rv),
+               res.message);
+        free(big);
+        free(yb);
+    }
+    CHECK(strcmp(lnorm_strerror(LNORM_ETIMEDOUT), "deadline exceeded") == 0, "strerror");
+    CHECK(strcmp(lnorm_strerror(12345), "unknown error") == 0, "strerror unknown");
+    lnorm_client_close(c);
+
+    /* open: bad arguments */
+    const char *bad_url = "not a url";
+    lnorm_client *c2 = (lnorm_client *)1;
+    CHECK(lnorm_client_open(&c2, &bad_url, 1, NULL) != LNORM_OK && c2 == NULL, "bad url opened");
+    CHECK(lnorm_client_open(&c2, NULL, 0, NULL) == LNORM_EINVAL, "no urls opened");
+    const char *bad_scheme = "foo://127.0.0.1:1";
+    CHECK(lnorm_client_open(&c2, &bad_scheme, 1, NULL) != LNORM_OK, "foo:// opened");
+    lnorm_client_close(NULL);
+    return 0;
+}
+
+/* ---- in-test servers: silent and misbehaving ------------------------------------ */
+
+typedef struct fake_server {
+    nng_socket sock;
+    pthread_t th;
+    atomic_int mode;   /* 0 silent, 1 answer (fail 4th), 2 garbage, 3 short y */
+    atomic_int seen;
+    char url[320];
+} fake_server;
+
+static void *fake_loop(void *arg)
+{
+    fake_server *f = arg;
+    for (;;) {
+        nng_msg *m;
+        int rv = nng_recvmsg(f->sock, &m, 0);
+        if (rv == NNG_ECLOSED)
+            return NULL;
+        if (rv != 0)
+            continue;
+        int k = atomic_fetch_add(&f->seen, 1) + 1;
+        int mode = atomic_load(&f->mode);
+        if (mode == 0) {
+            nng_msg_free(m);
+            continue;
+        }
+        Lnorm__V1__Request *req =
+            lnorm__v1__request__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+        nng_msg_free(m);
+        if (!req)
+            continue;
+        Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
+        Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
+        Lnorm__V1__NormalizeResponse nr = LNORM__V1__NORMALIZE_RESPONSE__INIT;
+        resp.request_id = req->request_id;
+        resp.status = &st;
+        uint8_t *ybuf = NULL;
+        if (mode == 1 && k == 4) {
+            st.code = LNORM__V1__CODE__RESOURCE_EXHAUSTED;
+            st.message = "boom on the fourth";
+        } else if (req->body_case == LNORM__V1__REQUEST__BODY_NORMALIZE) {
+            size_t yb = req->normalize->rows * req->normalize->hidden * 4;
+            if (mode == 3)
+                yb -= 4;
+            ybuf = calloc(1, yb + 1);
+            nr.y.data = ybuf;
+            nr.y.len = yb;
+            resp.body_case = LNORM__V1__RESPONSE__BODY_NORMALIZE;
+            resp.normalize = &nr;
+        }
+        if (mode == 2) {
+            nng_send(f->sock, "\xff\xff\xff\xff\x0f", 5, 0);
+        } else {
+            size_t n = lnorm__v1__response__get_packed_size(&resp);
+            uint8_t *buf = malloc(n ? n : 1);
+            lnorm__v1__response__pack(&resp, buf);
+            nng_send(f->sock, buf, n, 0);
+            free(buf);
+        }
+        free(ybuf);
+        lnorm__v1__request__free_unpacked(req, NULL);
+    }
+}
+
+static int fake_start(fake_server *f, const char *dir, int mode)
+{
+    memset(f, 0, sizeof *f);
+    atomic_store(&f->mode, mode);
+    snprintf(f->url, sizeof f->url, "ipc://%s/fake.sock", dir);
+    if (nng_rep0_open(&f->sock) != 0 || nng_listen(f->sock, f->url, NULL, 0) != 0)
+        return -1;
+    nng_socket_set_size(f->sock, NNG_OPT_RECVMAXSZ, 0);
+    pthread_create(&f->th, NULL, fake_loop, f);
+    return 0;
+}
+
+static void fake_stop(fake_server *f)
+{
+    nng_close(f->sock);
+    pthread_join(f->th, NULL);
+}
+
+static int test_timeout(void)
+{
+    char dir[256];
+    if (lnorm__tmpdir(dir, sizeof dir))
+        return 1;
+    fake_server f;
+    CHECK(fake_start(&f, dir, 0) == 0, "fake server");
+    float x[4 * 32], y[4 * 32];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 8);
+    lnorm_test_fill(&g, x, LNORM_DTYPE_F32, 128, 0, 1);
+    lnorm_normalize_req q;
+    lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 32);
+    q.x = x;
+    q.y = y;
+
+    /* client timeout */
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    o.recv_timeout_ms = 300;
+    lnorm_client *c;
+    const char *url = f.url;
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
+    lnorm_result res;
+    double t0 = lnorm__now_ms();
+    int rv = lnorm_normalize(c, &q, &res);
+    double dt = lnorm__now_ms() - t0;
+    CHECK(rv == LNORM_ETIMEDOUT, "silent server gave %s, want ETIMEDOUT", lnorm_errname(rv));
+    CHECK(dt >= 250 && dt < 5000, "timed out after %.0f ms, want ~300", dt);
+    CHECK(res.status == -1 && res.message[0], "result: status %d message '%s'", res.status,
+          res.message);
+    printf("silent server: %s after %.0f ms (\"%s\")\n", lnorm_errname(rv), dt, res.message);
+    rv = lnorm_health(c, &(int){0}, &res);
+    CHECK(rv == LNORM_ETIMEDOUT, "health to a silent server gave %s", lnorm_errname(rv));
+
+    /* async timeout */
+    waiter w;
+    waiter_init(&w);
+    wslot ws = {&w, 0};
+    w.pending = 1;
+    t0 = lnorm__now_ms();
+    CHECK(lnorm_normalize_async(c, &q, waiter_cb, &ws) == LNORM_OK, "async start");
+    CHECK(waiter_wait(&w, 10000) == 0, "async call never completed");
+    dt = lnorm__now_ms() - t0;
+    CHECK(w.errs[0] == LNORM_ETIMEDOUT, "async gave %s", lnorm_errname(w.errs[0]));
+    CHECK(dt >= 250 && dt < 5000, "async timed out after %.0f ms", dt);
+    lnorm_client_close(c);
+
+    /* per-call timeout over a long client default */
+    o.recv_timeout_ms = 60000;
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
+    q.timeout_ms = 200;
+    t0 = lnorm__now_ms();
+    rv = lnorm_normalize(c, &q, &res);
+    dt = lnorm__now_ms() - t0;
+    CHECK(rv == LNORM_ETIMEDOUT && dt >= 150 && dt < 5000, "per-call timeout: %s after %.0f ms",
+          lnorm_errname(rv), dt);
+    q.timeout_ms = 0;
+
+    /* close with calls in flight: every callback runs, with ECLOSED */
+    q.timeout_ms = -1;
+    waiter_init(&w);
+    wslot wss[8];
+    for (int i = 0; i < 8; i++) {
+        wss[i].w = &w;
+        wss[i].idx = i;
+        pthread_mutex_lock(&w.mu);
+        w.pending++;
+        pthread_mutex_unlock(&w.mu);
+        CHECK(lnorm_normalize_async(c, &q, waiter_cb, &wss[i]) == LNORM_OK, "async start");
+    }
+    usleep(100000);
+    t0 = lnorm__now_ms();
+    lnorm_client_close(c);
+    dt = lnorm__now_ms() - t0;
+    CHECK(w.pending == 0, "%d callbacks did not run by close", w.pending);
+    for (int i = 0; i < 8; i++)
+        CHECK(w.errs[i] == LNORM_ECLOSED, "in-flight call %d ended with %s", i,
+              lnorm_errname(w.errs[i]));
+    CHECK(dt < 5000, "close took %.0f ms", dt);
+    fake_stop(&f);
+
+    /* nobody listening at all */
+    char nobody[320];
+    snprintf(nobody, sizeof nobody, "ipc://%s/nobody.sock", dir);
+    url = nobody;
+    o.recv_timeout_ms = 300;
+    o.send_timeout_ms = 300;
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open to a missing server");
+    q.timeout_ms = 0;
+    t0 = lnorm__now_ms();
+    rv = lnorm_normalize(c, &q, &res);
+    dt = lnorm__now_ms() - t0;
+    CHECK(rv == LNORM_ETIMEDOUT && dt < 5000, "no server: %s after %.0f ms", lnorm_errname(rv), dt);
+    lnorm_client_close(c);
+    lnorm__rmdir(dir);
+    return 0;
+}
+
+static int test_protocol(void)
+{
+    char dir[256];
+    if (lnorm__tmpdir(dir, sizeof dir))
+        return 1;
+    fake_server f;
+    CHECK(fake_start(&f, dir, 1) == 0, "fake server");
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    o.recv_timeout_ms = 5000;
+    o.pipeline_depth = 1;
+    lnorm_client *c;
+    const char *url = f.url;
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
+    enum { R = 10, H = 64 };
+    float x[R * H], y[R * H];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 9);
+    lnorm_test_fill(&g, x, LNORM_DTYPE_F32, R * H, 0, 1);
+    lnorm_normalize_req q;
+    lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, R, H);
+    q.x = x;
+    q.y = y;
+    q.chunk_bytes = H * 4; /* one row per chunk: 10 chunks */
+    lnorm_result res;
+    int rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_ELIMIT, "failed chunk gave %s, want ELIMIT", lnorm_errname(rv));
+    CHECK(res.status == 8 && strstr(res.message, "chunk 4 of 10") && strstr(res.message, "boom"),
+          "failed chunk: status %d message '%s'", res.status, res.message);
+    CHECK(atomic_load(&f.seen) == 4, "server saw %d requests; after the failure none should follow",
+          atomic_load(&f.seen));
+    printf("failed chunk: %s \"%s\"\n", lnorm_errname(rv), res.message);
+
+    atomic_store(&f.mode, 2);
+    q.chunk_bytes = 0;
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_EPROTO, "garbage reply gave %s, want EPROTO", lnorm_errname(rv));
+    atomic_store(&f.mode, 3);
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_EPROTO, "short y gave %s, want EPROTO", lnorm_errname(rv));
+    printf("short y: %s \"%s\"\n", lnorm_errname(rv), res.message);
+    atomic_store(&f.mode, 1);
+    atomic_store(&f.seen, 100);
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK, "well-formed fake reply gave %s", lnorm_errname(rv));
+    lnorm_client_close(c);
+    fake_stop(&f);
+    lnorm__rmdir(dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s LNORMD_PATH|- concurrent|chunked|params|errors|timeout|protocol\n",
+                argv[0]);
+        return 2;
+    }
+    const char *what = argv[2];
+    int need_daemon = strcmp(what, "timeout") != 0 && strcmp(what, "protocol") != 0;
+    if (need_daemon) {
+        const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
+        if (lnorm__daemon_start(&daemon_, argv[1], extra, 20000) != 0) {
+            fprintf(stderr, "FAIL: could not start lnormd\n");
+            return 1;
+        }
+        printf("lnormd: %s %s http %s\n", daemon_.tcp_url, daemon_.ipc_url, daemon_.http);
+    }
+    int rv;
+    if (strcmp(what, "concurrent") == 0)
+        rv = test_concurrent();
+    else if (strcmp(what, "chunked") == 0)
+        rv = test_chunked();
+    else if (strcmp(what, "params") == 0)
+        rv = test_params();
+    else if (strcmp(what, "errors") == 0)
+        rv = test_errors();
+    else if (strcmp(what, "timeout") == 0)
+        rv = test_timeout();
+    else if (strcmp(what, "protocol") == 0)
+        rv = test_protocol();
+    else {
+        fprintf(stderr, "unknown test %s\n", what);
+        rv = 2;
+    }
+    if (need_daemon) {
+        int st = lnorm__daemon_stop(&daemon_, 15000);
+        CHECK(st == 0, "lnormd exit status after SIGTERM: %d (want 0)", st);
+    }
+    int nf = atomic_load(&failures);
+    if (rv || nf) {
+        fprintf(stderr, "%s: FAILED (%d check(s))\n", what, nf);
+        return 1;
+    }
+    printf("%s: PASS\n", what);
+    return 0;
+}
