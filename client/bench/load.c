@@ -170,8 +170,10 @@ static void take_sample(slot *s, const void *y, size_t yl, const void *mean, siz
     sm->res_out = dup_bytes(ro, rol), sm->res_out_len = rol;
 }
 
-static int nng_kind(int rv)
+static int nng_kind(const run *r, int rv)
 {
+    if (atomic_load(&r->stop))
+        return LNORM__EK_ABORTED; /* we closed the socket at the hard stop */
     if (rv == NNG_ETIMEDOUT)
         return LNORM__EK_TIMEOUT;
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
@@ -190,7 +192,7 @@ static void raw_cb(void *arg)
     if (s->sending) {
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(s->aio));
-            complete(s, nng_kind(rv), NULL, 0, 0);
+            complete(s, nng_kind(r, rv), NULL, 0, 0);
             return;
         }
         s->sending = 0;
@@ -199,7 +201,7 @@ static void raw_cb(void *arg)
         return;
     }
     if (rv != 0) {
-        complete(s, nng_kind(rv), NULL, 0, 0);
+        complete(s, nng_kind(r, rv), NULL, 0, 0);
         return;
     }
     nng_msg *m = nng_aio_get_msg(s->aio);
@@ -254,6 +256,8 @@ static void lib_cb(void *arg, int err, const lnorm_result *res)
     if (err != LNORM_OK) {
         if (res && res->status > 0 && res->status <= 16)
             kind = res->status;
+        else if (atomic_load(&s->r->stop))
+            kind = LNORM__EK_ABORTED;
         else if (err == LNORM_ETIMEDOUT)
             kind = LNORM__EK_TIMEOUT;
         else if (err == LNORM_ECLOSED || err == LNORM_ECANCELED)
