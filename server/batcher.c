@@ -8,6 +8,7 @@
 
 struct lnorm__batcher {
     pthread_mutex_t mu;
+    pthread_cond_t idle_cv;   /* signalled when a job finishes */
     lnorm__req *head, *tail;  /* the queue, in arrival order */
     uint64_t qlen, qrows, qbytes;
     int inflight;             /* jobs on the backend */
@@ -51,6 +52,7 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
     if (!b)
         return LNORM_ENOMEM;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->idle_cv, NULL);
     b->opts = *opts;
     b->be = be;
     b->max_inflight = be->ops->max_inflight ? be->ops->max_inflight(be) : 1;
@@ -155,6 +157,7 @@ static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t 
     atomic_fetch_sub(&b->st->batches_inflight, 1);
     if (!b->closed)
         uv_async_send(&b->wake); /* under the lock: close cannot race it */
+    pthread_cond_broadcast(&b->idle_cv);
     pthread_mutex_unlock(&b->mu);
 }
 
@@ -271,10 +274,36 @@ void lnorm__batcher_close(lnorm__batcher *b)
     uv_close((uv_handle_t *)&b->wake, NULL);
 }
 
+void lnorm__batcher_abort(lnorm__batcher *b)
+{
+    lnorm__req *list = NULL, **tail = &list;
+    pthread_mutex_lock(&b->mu);
+    b->closed = 1;
+    while (b->head) {
+        lnorm__req *r = b->head;
+        lnorm__unlink_locked(b, NULL, r);
+        *tail = r;
+        tail = &r->next;
+    }
+    pthread_mutex_unlock(&b->mu);
+    while (list) {
+        lnorm__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        lnorm__timing t = {(lnorm__now_ns() - r->recv_ns) / 1000, 0, 0, 0};
+        b->finish(b->arg, r, LNORM_EUNAVAIL, "lnormd is shutting down", &t);
+    }
+    pthread_mutex_lock(&b->mu);
+    while (b->inflight)
+        pthread_cond_wait(&b->idle_cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+}
+
 void lnorm__batcher_destroy(lnorm__batcher *b)
 {
     if (!b)
         return;
+    pthread_cond_destroy(&b->idle_cv);
     pthread_mutex_destroy(&b->mu);
     free(b);
 }

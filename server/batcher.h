@@ -40,6 +40,9 @@ void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts)
 int lnorm__batcher_idle(lnorm__batcher *b);
 /* Close the loop handles (loop thread; the batcher must be idle). */
 void lnorm__batcher_close(lnorm__batcher *b);
+/* Shut-down: fail every queued request (LNORM_EUNAVAIL) and wait until no
+ * batch is running. Any thread; no request is submitted afterwards. */
+void lnorm__batcher_abort(lnorm__batcher *b);
 /* Free after the loop has run the close callbacks. */
 void lnorm__batcher_destroy(lnorm__batcher *b);
 

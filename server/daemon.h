@@ -31,6 +31,7 @@ typedef struct lnorm__daemon {
     lnorm__stats stats;
     atomic_int serving;            /* 1 once ready, 0 while draining */
     int draining;
+    int stopping;                  /* the loop's handles are closing */
     uint64_t drain_start_ns;
     uint64_t last_stats_log_ns;
 } lnorm__daemon;

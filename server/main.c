@@ -59,11 +59,19 @@ static void lnorm__batcher_opts_of(const lnorm__config *c, lnorm__batcher_opts *
 
 static void lnorm__stop_loop(lnorm__daemon *d)
 {
+    if (d->stopping)
+        return;
+    d->stopping = 1;
     uv_timer_stop(&d->housekeeping);
     uv_close((uv_handle_t *)&d->housekeeping, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
     uv_close((uv_handle_t *)&d->sig_term, NULL);
     uv_close((uv_handle_t *)&d->sig_hup, NULL);
+    /* Closing the handles restored the default actions: a late SIGTERM
+     * must not kill the process in the middle of its orderly exit. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     lnorm__batcher_close(d->batcher);
 }
 
@@ -189,7 +197,7 @@ int main(int argc, char **argv)
     lnorm__stats_init(&d->stats);
     d->last_stats_log_ns = lnorm__now_ns();
 
-    int exit_code = 1;
+    int exit_code = 1, loop_ran = 0;
     if (uv_loop_init(&d->loop) != 0) {
         LOG_ERROR("uv_loop_init failed");
         return 1;
@@ -235,12 +243,14 @@ int main(int argc, char **argv)
     if (d->cfg.ready_file[0] && lnorm__write_ready_file(d, http_bound[0] ? http_bound : NULL) != 0) {
         lnorm__stop_loop(d);
         uv_run(&d->loop, UV_RUN_DEFAULT);
+        loop_ran = 1;
         goto out_http;
     }
     LOG_INFO("lnormd %s serving on the %s backend (%d contexts, max-batch-rows %llu, max-queue-delay-us %llu)",
              LNORM_VERSION, d->be->ops->name, (int)d->cfg.contexts, (unsigned long long)d->cfg.max_batch_rows,
              (unsigned long long)d->cfg.max_queue_delay_us);
     uv_run(&d->loop, UV_RUN_DEFAULT);
+    loop_ran = 1;
     exit_code = 0;
 
 out_http:
@@ -251,13 +261,20 @@ out_transport:
      * dropped; the backend's destroy waits for its jobs, which finish their
      * requests (all replies fail harmlessly) before anything is freed. */
     lnorm__transport_close(d->tp);
+    if (!loop_ran) {
+        lnorm__batcher_close(d->batcher);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+    }
 out_batcher:
     if (!d->tp) {
         lnorm__batcher_close(d->batcher);
         uv_run(&d->loop, UV_RUN_DEFAULT);
+        lnorm__batcher_destroy(d->batcher);
+        goto out_params;
     }
-    d->be->ops->destroy(d->be);
-    d->be = NULL;
+    /* Every request still queued is failed, every running batch waited
+     * for: after this no callback touches a request, a slot or params. */
+    lnorm__batcher_abort(d->batcher);
     lnorm__transport_destroy(d->tp);
     lnorm__batcher_destroy(d->batcher);
 out_params:

@@ -1,0 +1,913 @@
+/*
+ * Integration tests of lnormd: test_server LNORMD TEST. Each TEST starts its
+ * own daemon(s) on private addresses and stops them; a watchdog bounds it.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char *lnormd;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Mixed ops, dtypes, shapes, options: every reply checked.            */
+
+static void make_case(lnorm_test_case *tc, lnorm_rng *g, int op, int xdt, int ydt, int pdt, int64_t rows,
+                      int64_t hidden, int gamma, int beta, int residual, int stats, int eps_mode, float eps)
+{
+    lnorm_test_case_cfg c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.x_dtype = xdt;
+    c.y_dtype = ydt;
+    c.param_dtype = pdt;
+    c.rows = rows;
+    c.hidden = hidden;
+    c.gamma = gamma;
+    c.beta = beta;
+    c.residual = residual;
+    c.stats = stats;
+    c.eps_mode = eps_mode;
+    c.eps = eps;
+    c.x_mean = 0.5;
+    c.x_spread = 2.0;
+    if (lnorm_test_case_make(tc, &c, g) != LNORM_OK) {
+        fprintf(stderr, "out of memory building a case\n");
+        exit(1);
+    }
+}
+
+static void random_case(lnorm_test_case *tc, lnorm_rng *g)
+{
+    static const int64_t hiddens[] = {1, 3, 8, 64, 127, 256, 768, 1000, 4096};
+    int op = 1 + (int)(lnorm_rng_next(g) % 2);
+    int xdt = 1 + (int)(lnorm_rng_next(g) % 3);
+    int ydt = 1 + (int)(lnorm_rng_next(g) % 3);
+    int pdt = (lnorm_rng_next(g) % 2) ? LNORM_DTYPE_F32 : xdt;
+    int64_t hidden = hiddens[lnorm_rng_next(g) % (sizeof hiddens / sizeof hiddens[0])];
+    int64_t rows = 1 + (int64_t)(lnorm_rng_next(g) % 9);
+    unsigned f = (unsigned)lnorm_rng_next(g);
+    float eps = (f & 32) ? 1e-3f : 0.0f;
+    make_case(tc, g, op, xdt, ydt, pdt, rows, hidden, f & 1, (f >> 1) & 1, (f >> 2) & 1, (f >> 3) & 1, (f >> 4) & 1,
+              eps);
+}
+
+static void test_normalize(void)
+{
+    ts_daemon d;
+    if (ts_start(&d, lnormd, NULL) != 0) {
+        ts_failures++;
+        return;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, (uint64_t)time(NULL));
+    const char *urls[2] = {d.ipc_url, d.tcp_url};
+    for (int u = 0; u < 2; u++) {
+        nng_socket s;
+        if (ts_dial(&s, urls[u]) != 0) {
+            ts_failures++;
+            continue;
+        }
+        /* Every op x x_dtype x y_dtype with every option on, then random mixes. */
+        int n = 0;
+        for (int op = 1; op <= 2; op++)
+            for (int xdt = 1; xdt <= 3; xdt++)
+                for (int ydt = 1; ydt <= 3; ydt++) {
+                    lnorm_test_case tc;
+                    make_case(&tc, &g, op, xdt, ydt, (xdt + ydt) % 2 ? LNORM_DTYPE_F32 : xdt, 3, 320, 1, 1, 1, 1, 0, 0);
+                    ts_norm m;
+                    ts_norm_from_case(&m, &tc, (uint64_t)(1000 + n), 1);
+                    Lnorm__V1__Response *r = ts_call(s, &m.req);
+                    char label[96];
+                    snprintf(label, sizeof label, "%s op %d x %s y %s", urls[u], op, lnorm_dtype_name(xdt),
+                             lnorm_dtype_name(ydt));
+                    TS_CHECK(ts_check_reply(&tc, r, label) == 0, "%s", label);
+                    TS_CHECK(r && r->request_id == (uint64_t)(1000 + n), "request_id echoed");
+                    TS_CHECK(r && r->timings && r->timings->batch_rows >= 3 && r->timings->batch_requests >= 1,
+                             "timings filled");
+                    if (r)
+                        lnorm__v1__response__free_unpacked(r, NULL);
+                    lnorm_test_case_free(&tc);
+                    n++;
+                }
+        for (int i = 0; i < 60; i++, n++) {
+            lnorm_test_case tc;
+            random_case(&tc, &g);
+            ts_norm m;
+            ts_norm_from_case(&m, &tc, (uint64_t)(1000 + n), 1);
+            Lnorm__V1__Response *r = ts_call(s, &m.req);
+            char label[64];
+            snprintf(label, sizeof label, "%s random case %d", urls[u], i);
+            TS_CHECK(ts_check_reply(&tc, r, label) == 0, "%s", label);
+            if (r)
+                lnorm__v1__response__free_unpacked(r, NULL);
+            lnorm_test_case_free(&tc);
+        }
+        nng_close(s);
+    }
+    double ok = ts_metric(d.http, "lnormd_requests_total{status=\"OK\"}");
+    TS_CHECK(ok == 2 * (18 + 60), "OK count in /metrics is %g", ok);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* ------------------------------------------------------------------ */
+/* Concurrency helpers: N threads, each with its own socket, one call.  */
+
+typedef struct worker {
+    pthread_t t;
+    const char *url;
+    lnorm_test_case tc;
+    ts_norm m;
+    Lnorm__V1__Response *resp;
+    int started;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    nng_socket s;
+    if (ts_dial(&s, w->url) != 0)
+        return NULL;
+    w->resp = ts_call(s, &w->m.req);
+    nng_close(s);
+    return NULL;
+}
+
+static void run_workers(worker *ws, int n)
+{
+    for (int i = 0; i < n; i++)
+        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+    for (int i = 0; i < n; i++)
+        if (ws[i].started)
+            pthread_join(ws[i].t, NULL);
+}
+
+static void free_workers(worker *ws, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ws[i].resp)
+            lnorm__v1__response__free_unpacked(ws[i].resp, NULL);
+        lnorm_test_case_free(&ws[i].tc);
+    }
+}
+
+/* 64 concurrent one-row requests ride in far fewer than 64 batches. */
+static void test_batching(void)
+{
+    static const char *const args[] = {"--max-queue-delay-us", "200000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    enum { N = 64 };
+    static worker ws[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 42 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        ws[i].url = i % 2 ? d.ipc_url : d.tcp_url;
+        /* Mixed ops / dtypes share batches. */
+        make_case(&ws[i].tc, &g, 1 + i % 2, 1 + i % 3, 1 + (i / 3) % 3, LNORM_DTYPE_F32, 1, 512, 1, i % 4 == 0, i % 5 == 0,
+                  1, 0, 0);
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+    }
+    run_workers(ws, N);
+    int max_req = 0;
+    for (int i = 0; i < N; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "batched request %d", i);
+        TS_CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
+        if (ws[i].resp && ws[i].resp->timings && (int)ws[i].resp->timings->batch_requests > max_req)
+            max_req = (int)ws[i].resp->timings->batch_requests;
+    }
+    double batches = ts_metric(d.http, "lnormd_batches_total");
+    double hist_n = ts_metric(d.http, "lnormd_batch_requests_count");
+    double hist_sum = ts_metric(d.http, "lnormd_batch_requests_sum");
+    fprintf(stderr, "64 requests rode in %g batches (largest %d requests)\n", batches, max_req);
+    TS_CHECK(batches >= 1 && batches <= 16, "64 one-row requests took %g batches", batches);
+    TS_CHECK(max_req >= 8, "largest batch had only %d requests", max_req);
+    TS_CHECK(hist_n == batches && hist_sum == N, "batch_requests histogram: count %g sum %g", hist_n, hist_sum);
+    free_workers(ws, N);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* A row's result is bit-identical whichever batch it rides in. */
+static void test_invariance(void)
+{
+    static const char *const args_alone[] = {"--max-queue-delay-us", "0", "--cpu-jobs", "1", NULL};
+    static const char *const args_batched[] = {"--max-queue-delay-us", "300000", NULL};
+    enum { N = 24 };
+    static worker a[N], b[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 7 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        random_case(&a[i].tc, &g);
+        ts_norm_from_case(&a[i].m, &a[i].tc, (uint64_t)i + 1, 1);
+    }
+    /* Alone: one request at a time. */
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args_alone) != 0) {
+        ts_failures++;
+        return;
+    }
+    nng_socket s;
+    if (ts_dial(&s, d.tcp_url) == 0) {
+        for (int i = 0; i < N; i++) {
+            a[i].resp = ts_call(s, &a[i].m.req);
+            TS_CHECK(a[i].resp && a[i].resp->timings && a[i].resp->timings->batch_requests == 1, "alone in its batch");
+        }
+        nng_close(s);
+    }
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+    /* Together: the same requests, concurrently, batched with each other. */
+    if (ts_start(&d, lnormd, args_batched) != 0) {
+        ts_failures++;
+        return;
+    }
+    for (int i = 0; i < N; i++) {
+        b[i].url = d.ipc_url;
+        b[i].m = a[i].m;
+        b[i].m.req.normalize = &b[i].m.n;
+        if (b[i].m.n.affine)
+            b[i].m.n.affine = &b[i].m.aff;
+    }
+    run_workers(b, N);
+    int shared = 0;
+    for (int i = 0; i < N; i++) {
+        char label[48];
+        snprintf(label, sizeof label, "invariance case %d", i);
+        TS_CHECK(ts_check_reply(&a[i].tc, b[i].resp, label) == 0, "%s", label);
+        if (!a[i].resp || !b[i].resp || ts_code(a[i].resp) || ts_code(b[i].resp)) {
+            TS_CHECK(0, "case %d: missing reply", i);
+            continue;
+        }
+        if (b[i].resp->timings && b[i].resp->timings->batch_requests > 1)
+            shared++;
+        const Lnorm__V1__NormalizeResponse *x = a[i].resp->normalize, *y = b[i].resp->normalize;
+        TS_CHECK(x->y.len == y->y.len && !memcmp(x->y.data, y->y.data, x->y.len), "case %d: y differs", i);
+        TS_CHECK(x->rstd.len == y->rstd.len && (!x->rstd.len || !memcmp(x->rstd.data, y->rstd.data, x->rstd.len)),
+                 "case %d: rstd differs", i);
+        TS_CHECK(x->mean.len == y->mean.len && (!x->mean.len || !memcmp(x->mean.data, y->mean.data, x->mean.len)),
+                 "case %d: mean differs", i);
+        TS_CHECK(x->residual_out.len == y->residual_out.len &&
+                     (!x->residual_out.len || !memcmp(x->residual_out.data, y->residual_out.data, x->residual_out.len)),
+                 "case %d: residual_out differs", i);
+    }
+    TS_CHECK(shared >= N / 2, "only %d of %d requests shared a batch", shared, N);
+    for (int i = 0; i < N; i++)
+        if (b[i].resp)
+            lnorm__v1__response__free_unpacked(b[i].resp, NULL);
+    free_workers(a, N);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* ------------------------------------------------------------------ */
+/* Malformed requests get the right status; valid traffic goes on.      */
+
+static void expect(nng_socket s, const Lnorm__V1__Request *req, int code, const char *needle, const char *what)
+{
+    Lnorm__V1__Response *r = ts_call(s, req);
+    TS_CHECK(r != NULL, "%s: no reply", what);
+    if (!r)
+        return;
+    TS_CHECK(ts_code(r) == code, "%s: status %d (%s), want %d", what, ts_code(r), ts_msg(r), code);
+    TS_CHECK(!needle || strstr(ts_msg(r), needle), "%s: message '%s' does not name '%s'", what, ts_msg(r), needle);
+    TS_CHECK(r->request_id == req->request_id, "%s: request_id %llu", what, (unsigned long long)r->request_id);
+    lnorm__v1__response__free_unpacked(r, NULL);
+}
+
+static void valid_roundtrip(nng_socket s, lnorm_rng *g, const char *after)
+{
+    lnorm_test_case tc;
+    random_case(&tc, g);
+    ts_norm m;
+    ts_norm_from_case(&m, &tc, 99, 1);
+    Lnorm__V1__Response *r = ts_call(s, &m.req);
+    char label[96];
+    snprintf(label, sizeof label, "valid request after %s", after);
+    TS_CHECK(ts_check_reply(&tc, r, label) == 0, "%s", label);
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    lnorm_test_case_free(&tc);
+}
+
+static void test_malformed(void)
+{
+    static const char *const args[] = {"--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "4096", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    nng_socket s, s2;
+    if (ts_dial(&s, d.tcp_url) != 0 || ts_dial(&s2, d.ipc_url) != 0) {
+        ts_failures++;
+        ts_stop(&d);
+        return;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 3 + (uint64_t)time(NULL));
+    lnorm_test_case tc;
+    make_case(&tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 4, 32, 1, 1, 1, 1, 0, 0);
+    ts_norm m;
+
+    /* Truncated protobuf: a valid request cut short. */
+    ts_norm_from_case(&m, &tc, 501, 1);
+    size_t n = lnorm__v1__request__get_packed_size(&m.req);
+    uint8_t *buf = malloc(n);
+    lnorm__v1__request__pack(&m.req, buf);
+    Lnorm__V1__Response *r = ts_call_raw(s, buf, n - 7);
+    TS_CHECK(r && ts_code(r) == 3 && strstr(ts_msg(r), "message"), "truncated: %d %s", ts_code(r), ts_msg(r));
+    TS_CHECK(r && r->request_id == 501, "truncated: request_id recovered");
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    free(buf);
+    valid_roundtrip(s2, &g, "truncated");
+    /* Garbage bytes. */
+    uint8_t junk[300];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)lnorm_rng_next(&g);
+    junk[0] = 0xff;
+    r = ts_call_raw(s, junk, sizeof junk);
+    TS_CHECK(r && ts_code(r) == 3, "garbage: %d %s", ts_code(r), ts_msg(r));
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    /* Empty message: no body. */
+    r = ts_call_raw(s, junk, 0);
+    TS_CHECK(r && ts_code(r) == 3 && strstr(ts_msg(r), "body"), "empty: %d %s", ts_code(r), ts_msg(r));
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+
+    /* Sizes that disagree. */
+    ts_norm_from_case(&m, &tc, 502, 1);
+    m.n.x.len -= 4;
+    expect(s, &m.req, 3, "normalize.x", "x too short");
+    ts_norm_from_case(&m, &tc, 503, 1);
+    m.n.rows = 5;
+    expect(s, &m.req, 3, "normalize.x", "rows disagree");
+    ts_norm_from_case(&m, &tc, 504, 1);
+    m.n.residual.len = 8;
+    expect(s, &m.req, 3, "normalize.residual", "residual shape");
+    ts_norm_from_case(&m, &tc, 505, 1);
+    m.aff.gamma.len = 12;
+    expect(s, &m.req, 3, "normalize.affine.gamma", "gamma size");
+    ts_norm_from_case(&m, &tc, 506, 1);
+    m.aff.dtype = LNORM__V1__DTYPE__DTYPE_BF16; /* neither f32 nor x's dtype */
+    expect(s, &m.req, 3, "normalize.affine.dtype", "params dtype");
+    valid_roundtrip(s2, &g, "size errors");
+    /* Huge shapes: overflow-safe, limits. */
+    ts_norm_from_case(&m, &tc, 507, 1);
+    m.n.rows = 1ull << 62;
+    m.n.hidden = 1ull << 62;
+    expect(s, &m.req, 8, "normalize.rows", "rows over the limit");
+    ts_norm_from_case(&m, &tc, 508, 1);
+    m.n.rows = 4;
+    m.n.hidden = 1ull << 40;
+    expect(s, &m.req, 8, "normalize.hidden", "hidden over the limit");
+    ts_norm_from_case(&m, &tc, 509, 1);
+    m.n.rows = 0;
+    expect(s, &m.req, 3, "normalize.rows", "rows 0");
+    ts_norm_from_case(&m, &tc, 510, 1);
+    m.n.hidden = 0;
+    expect(s, &m.req, 3, "normalize.hidden", "hidden 0");
+    /* eps. */
+    float bad_eps[] = {0.0f, -1e-5f, NAN, INFINITY, -0.0f};
+    for (size_t i = 0; i < sizeof bad_eps / sizeof bad_eps[0]; i++) {
+        ts_norm_from_case(&m, &tc, 520 + i, 1);
+        m.n.eps_present_case = LNORM__V1__NORMALIZE_REQUEST__EPS_PRESENT_EPS;
+        m.n.eps = bad_eps[i];
+        expect(s, &m.req, 3, "normalize.eps", "bad eps");
+    }
+    /* Unknown enum values. */
+    ts_norm_from_case(&m, &tc, 530, 1);
+    m.n.op = (Lnorm__V1__Op)7;
+    expect(s, &m.req, 3, "normalize.op", "unknown op");
+    ts_norm_from_case(&m, &tc, 531, 1);
+    m.n.op = LNORM__V1__OP__OP_UNSPECIFIED;
+    expect(s, &m.req, 3, "normalize.op", "unspecified op");
+    ts_norm_from_case(&m, &tc, 532, 1);
+    m.n.x_dtype = (Lnorm__V1__DType)9;
+    expect(s, &m.req, 3, "normalize.x_dtype", "unknown x dtype");
+    ts_norm_from_case(&m, &tc, 533, 1);
+    m.n.x_dtype = LNORM__V1__DTYPE__DTYPE_UNSPECIFIED;
+    expect(s, &m.req, 3, "normalize.x_dtype", "unspecified x dtype");
+    ts_norm_from_case(&m, &tc, 534, 1);
+    m.n.y_dtype = (Lnorm__V1__DType)4;
+    expect(s, &m.req, 3, "normalize.y_dtype", "unknown y dtype");
+    ts_norm_from_case(&m, &tc, 535, 1);
+    m.n.eps_mode = (Lnorm__V1__EpsMode)2;
+    expect(s, &m.req, 3, "normalize.eps_mode", "unknown eps mode");
+    valid_roundtrip(s2, &g, "enum errors");
+    /* Affine rules. */
+    ts_norm_from_case(&m, &tc, 540, 1);
+    m.aff.params_id = "p1";
+    expect(s, &m.req, 3, "normalize.affine", "params id and inline");
+    ts_norm_from_case(&m, &tc, 541, 0);
+    m.aff.params_id = "nope";
+    m.n.affine = &m.aff;
+    expect(s, &m.req, 5, "normalize.affine.params_id", "unknown params id");
+    ts_norm_from_case(&m, &tc, 542, 0);
+    m.aff.params_id = "bad id!";
+    m.n.affine = &m.aff;
+    expect(s, &m.req, 3, "params_id", "invalid params id");
+    /* Oversize message: over max-message-bytes, within NNG's grace. */
+    lnorm_test_case big;
+    make_case(&big, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 20, 1024, 0, 0, 0, 0, 0, 0);
+    ts_norm_from_case(&m, &big, 550, 1); /* 80 KiB of x */
+    expect(s, &m.req, 8, "max-message-bytes", "oversize message");
+    lnorm_test_case_free(&big);
+    /* A request with no body. */
+    Lnorm__V1__Request empty = LNORM__V1__REQUEST__INIT;
+    empty.request_id = 560;
+    expect(s, &empty, 3, "body", "no body");
+    /* Valid traffic still flows on both connections. */
+    valid_roundtrip(s, &g, "all errors (same connection)");
+    valid_roundtrip(s2, &g, "all errors (other connection)");
+    double inv = ts_metric(d.http, "lnormd_requests_total{status=\"INVALID_ARGUMENT\"}");
+    double res = ts_metric(d.http, "lnormd_requests_total{status=\"RESOURCE_EXHAUSTED\"}");
+    double nf = ts_metric(d.http, "lnormd_requests_total{status=\"NOT_FOUND\"}");
+    TS_CHECK(inv == 24 && res == 3 && nf == 1, "status counters: invalid %g, exhausted %g, not found %g", inv, res, nf);
+    lnorm_test_case_free(&tc);
+    nng_close(s);
+    nng_close(s2);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* ------------------------------------------------------------------ */
+
+static void test_deadline(void)
+{
+    static const char *const args[] = {"--max-queue-delay-us", "300000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    enum { N = 4 };
+    static worker ws[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 11 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        ws[i].url = d.tcp_url;
+        make_case(&ws[i].tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F16, LNORM_DTYPE_F16, 2, 256, 1, 1, 0, 0, 0, 0);
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+        /* Two expire while waiting for the 300 ms batch; two have time. */
+        ws[i].m.req.deadline_us = i < 2 ? 20000 : 20000000;
+    }
+    run_workers(ws, N);
+    for (int i = 0; i < N; i++) {
+        if (i < 2) {
+            TS_CHECK(ws[i].resp && ts_code(ws[i].resp) == 4 && ws[i].resp->body_case == 0,
+                     "request %d: status %d (%s), want DEADLINE_EXCEEDED", i, ts_code(ws[i].resp), ts_msg(ws[i].resp));
+        } else {
+            char label[32];
+            snprintf(label, sizeof label, "deadline ok %d", i);
+            TS_CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
+        }
+    }
+    double de = ts_metric(d.http, "lnormd_requests_total{status=\"DEADLINE_EXCEEDED\"}");
+    double rows = ts_metric(d.http, "lnormd_rows_total");
+    TS_CHECK(de == 2, "DEADLINE_EXCEEDED count %g", de);
+    TS_CHECK(rows == 4, "rows computed %g: expired requests must not be computed", rows);
+    free_workers(ws, N);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+static void test_queue_full(void)
+{
+    static const char *const args[] = {"--max-queue", "3", "--max-queue-delay-us", "700000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    enum { N = 10 };
+    static worker ws[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 13 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        ws[i].url = d.ipc_url;
+        make_case(&ws[i].tc, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 1, 128, 1, 0, 0, 1, 0, 0);
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+    }
+    run_workers(ws, N);
+    int ok = 0, full = 0;
+    for (int i = 0; i < N; i++) {
+        int c = ts_code(ws[i].resp);
+        if (c == 0) {
+            ok++;
+            TS_CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, "queued request") == 0, "queued request %d", i);
+        } else if (c == 8) {
+            full++;
+            TS_CHECK(strstr(ts_msg(ws[i].resp), "queue full") != NULL, "message: %s", ts_msg(ws[i].resp));
+        } else {
+            TS_CHECK(0, "request %d: unexpected status %d (%s)", i, c, ts_msg(ws[i].resp));
+        }
+    }
+    TS_CHECK(ok == 3 && full == N - 3, "%d OK, %d RESOURCE_EXHAUSTED (want 3, %d)", ok, full, N - 3);
+    free_workers(ws, N);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* SIGTERM with requests in flight: every request answered, exit 0. */
+static void test_sigterm(void)
+{
+    static const char *const args[] = {"--max-queue-delay-us", "400000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    enum { N = 32 };
+    static worker ws[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 17 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        ws[i].url = i % 2 ? d.tcp_url : d.ipc_url;
+        random_case(&ws[i].tc, &g);
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+    }
+    for (int i = 0; i < N; i++)
+        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+    /* Wait until every request is inside the daemon, then SIGTERM. */
+    double q = 0;
+    for (int i = 0; i < 300 && q < N; i++) {
+        q = ts_metric(d.http, "lnormd_requests_in_flight");
+        if (q < N)
+            sleep_ms(2);
+    }
+    TS_CHECK(q == N, "in flight before SIGTERM: %g", q);
+    ts_signal(&d, SIGTERM);
+    for (int i = 0; i < N; i++)
+        if (ws[i].started)
+            pthread_join(ws[i].t, NULL);
+    int answered = 0;
+    for (int i = 0; i < N; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "in-flight request %d", i);
+        if (ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0)
+            answered++;
+    }
+    TS_CHECK(answered == N, "%d of %d in-flight requests answered correctly", answered, N);
+    TS_CHECK(ts_stop(&d) == 0, "exit status 0 after SIGTERM");
+    free_workers(ws, N);
+}
+
+/* ------------------------------------------------------------------ */
+
+static Lnorm__V1__Response *reg(nng_socket s, const char *id, int dtype, uint64_t hidden, const void *g, size_t glen,
+                                const void *b, size_t blen)
+{
+    Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__RegisterParamsRequest rp = LNORM__V1__REGISTER_PARAMS_REQUEST__INIT;
+    rp.params_id = (char *)id;
+    rp.dtype = (Lnorm__V1__DType)dtype;
+    rp.hidden = hidden;
+    rp.gamma.data = (uint8_t *)g;
+    rp.gamma.len = glen;
+    rp.beta.data = (uint8_t *)b;
+    rp.beta.len = blen;
+    req.request_id = 77;
+    req.body_case = LNORM__V1__REQUEST__BODY_REGISTER_PARAMS;
+    req.register_params = &rp;
+    return ts_call(s, &req);
+}
+
+static int drop(nng_socket s, const char *id)
+{
+    Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__DropParamsRequest dp = LNORM__V1__DROP_PARAMS_REQUEST__INIT;
+    dp.params_id = (char *)id;
+    req.body_case = LNORM__V1__REQUEST__BODY_DROP_PARAMS;
+    req.drop_params = &dp;
+    Lnorm__V1__Response *r = ts_call(s, &req);
+    int c = ts_code(r);
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    return c;
+}
+
+static int code_free(Lnorm__V1__Response *r)
+{
+    int c = ts_code(r);
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    return c;
+}
+
+static void test_params(void)
+{
+    static const char *const args[] = {"--max-params-bytes", "20000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    nng_socket s;
+    if (ts_dial(&s, d.tcp_url) != 0) {
+        ts_failures++;
+        ts_stop(&d);
+        return;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 19 + (uint64_t)time(NULL));
+    lnorm_test_case tc;
+    make_case(&tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_F32, 5, 1000, 1, 1, 1, 1, 0, 0);
+    size_t pb = 1000 * 4;
+    TS_CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 0, "register");
+    TS_CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 6,
+             "re-register: ALREADY_EXISTS");
+    TS_CHECK(code_free(reg(s, "big", LNORM_DTYPE_F32, 2000, tc.gamma, 8000, tc.beta, 8000)) == 8,
+             "over max-params-bytes: RESOURCE_EXHAUSTED");
+    TS_CHECK(code_free(reg(s, "bad", LNORM_DTYPE_F32, 1000, tc.gamma, 12, NULL, 0)) == 3, "bad gamma size");
+    TS_CHECK(code_free(reg(s, "", LNORM_DTYPE_F32, 1000, tc.gamma, pb, NULL, 0)) == 3, "empty id");
+    TS_CHECK(code_free(reg(s, "x", 5, 1000, tc.gamma, pb, NULL, 0)) == 3, "unknown dtype");
+    TS_CHECK(ts_metric(d.http, "lnormd_params_bytes") == 8000, "params bytes gauge");
+
+    /* By id == inline, bit for bit, and both right. */
+    ts_norm byid, inl;
+    ts_norm_from_case(&byid, &tc, 1, 0);
+    byid.aff.params_id = "layer.0:ln-1";
+    byid.n.affine = &byid.aff;
+    ts_norm_from_case(&inl, &tc, 2, 1);
+    Lnorm__V1__Response *r1 = ts_call(s, &byid.req), *r2 = ts_call(s, &inl.req);
+    TS_CHECK(ts_check_reply(&tc, r1, "by params id") == 0, "by id");
+    TS_CHECK(ts_check_reply(&tc, r2, "inline params") == 0, "inline");
+    TS_CHECK(r1 && r2 && r1->normalize && r2->normalize && r1->normalize->y.len == r2->normalize->y.len &&
+                 !memcmp(r1->normalize->y.data, r2->normalize->y.data, r1->normalize->y.len),
+             "by id and inline agree");
+    code_free(r1);
+    code_free(r2);
+    /* Wrong hidden for the id. */
+    lnorm_test_case other;
+    make_case(&other, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 2, 64, 0, 0, 0, 0, 0, 0);
+    ts_norm wrong;
+    ts_norm_from_case(&wrong, &other, 3, 0);
+    wrong.aff.params_id = "layer.0:ln-1";
+    wrong.n.affine = &wrong.aff;
+    expect(s, &wrong.req, 3, "hidden", "params hidden mismatch");
+    lnorm_test_case_free(&other);
+
+    TS_CHECK(drop(s, "layer.0:ln-1") == 0, "drop");
+    TS_CHECK(drop(s, "layer.0:ln-1") == 5, "drop again: NOT_FOUND");
+    expect(s, &byid.req, 5, "not registered", "normalize with a dropped id");
+    TS_CHECK(ts_metric(d.http, "lnormd_params_bytes") == 0, "params memory freed after drop");
+    /* Re-register after drop works (replace = drop + register). */
+    TS_CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 0, "register again");
+    lnorm_test_case_free(&tc);
+    nng_close(s);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* A drop while requests using the id wait in the queue: they still compute right. */
+typedef struct drop_ctx {
+    const char *url;
+} drop_ctx;
+
+static void test_params_drop_inflight(void)
+{
+    static const char *const args[] = {"--max-queue-delay-us", "300000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    nng_socket s;
+    if (ts_dial(&s, d.ipc_url) != 0) {
+        ts_failures++;
+        ts_stop(&d);
+        return;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 23 + (uint64_t)time(NULL));
+    enum { N = 8 };
+    static worker ws[N];
+    for (int i = 0; i < N; i++) {
+        ws[i].url = d.tcp_url;
+        make_case(&ws[i].tc, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F32, LNORM_DTYPE_F16, 3, 200, 1, 1, 0, 0, 0, 0);
+        if (i > 0) { /* same params for every request */
+            memcpy(ws[i].tc.gamma, ws[0].tc.gamma, 400);
+            memcpy(ws[i].tc.beta, ws[0].tc.beta, 400);
+        }
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 0);
+        ws[i].m.aff.params_id = "shared";
+        ws[i].m.n.affine = &ws[i].m.aff;
+    }
+    TS_CHECK(code_free(reg(s, "shared", LNORM_DTYPE_F16, 200, ws[0].tc.gamma, 400, ws[0].tc.beta, 400)) == 0, "register");
+    for (int i = 0; i < N; i++)
+        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+    double q = 0;
+    for (int i = 0; i < 300 && q < N; i++) {
+        q = ts_metric(d.http, "lnormd_queue_depth");
+        if (q < N)
+            sleep_ms(2);
+    }
+    TS_CHECK(q == N, "queued before the drop: %g", q);
+    TS_CHECK(drop(s, "shared") == 0, "drop while queued");
+    for (int i = 0; i < N; i++)
+        if (ws[i].started)
+            pthread_join(ws[i].t, NULL);
+    for (int i = 0; i < N; i++) {
+        char label[48];
+        snprintf(label, sizeof label, "request %d after drop", i);
+        TS_CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
+    }
+    /* Replies go out just before the requests release the params: poll. */
+    double pbytes = -1;
+    for (int i = 0; i < 500 && pbytes != 0; i++) {
+        pbytes = ts_metric(d.http, "lnormd_params_bytes");
+        if (pbytes != 0)
+            sleep_ms(2);
+    }
+    TS_CHECK(pbytes == 0, "memory freed once the batch finished: %g", pbytes);
+    free_workers(ws, N);
+    nng_close(s);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+static void test_health_info(void)
+{
+    static const char *const args[] = {"--max-rows", "777", "--max-batch-rows", "333", "--max-queue", "55", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    nng_socket s;
+    if (ts_dial(&s, d.ipc_url) != 0) {
+        ts_failures++;
+        ts_stop(&d);
+        return;
+    }
+    Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__HealthRequest hr = LNORM__V1__HEALTH_REQUEST__INIT;
+    req.request_id = 5;
+    req.body_case = LNORM__V1__REQUEST__BODY_HEALTH;
+    req.health = &hr;
+    Lnorm__V1__Response *r = ts_call(s, &req);
+    TS_CHECK(r && ts_code(r) == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_HEALTH && r->health->serving &&
+                 r->request_id == 5,
+             "health");
+    code_free(r);
+    Lnorm__V1__InfoRequest ir = LNORM__V1__INFO_REQUEST__INIT;
+    req.request_id = 6;
+    req.body_case = LNORM__V1__REQUEST__BODY_INFO;
+    req.info = &ir;
+    r = ts_call(s, &req);
+    TS_CHECK(r && ts_code(r) == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_INFO, "info");
+    if (r && r->body_case == LNORM__V1__RESPONSE__BODY_INFO) {
+        Lnorm__V1__InfoResponse *in = r->info;
+        TS_CHECK(in->version && strlen(in->version) > 0, "version");
+        TS_CHECK(in->n_backends >= 1 && !strcmp(in->backends[0], "cpu"), "backends (no GPU here: cpu)");
+        TS_CHECK(in->n_devices >= 1 && !strcmp(in->devices[0]->backend, "cpu"), "devices");
+        TS_CHECK(in->limits && in->limits->max_rows == 777 && in->limits->max_batch_rows == 333 &&
+                     in->limits->max_queue_requests == 55,
+                 "limits as configured");
+    }
+    code_free(r);
+    /* HTTP endpoints. */
+    int st = 0;
+    char *b = ts_http_get(d.http, "/healthz", &st);
+    TS_CHECK(b && st == 200, "/healthz %d", st);
+    free(b);
+    b = ts_http_get(d.http, "/readyz", &st);
+    TS_CHECK(b && st == 200, "/readyz %d", st);
+    free(b);
+    b = ts_http_get(d.http, "/metrics", &st);
+    TS_CHECK(b && st == 200 && strstr(b, "# TYPE lnormd_batch_requests histogram") && strstr(b, "lnormd_batches_total ") &&
+                 strstr(b, "lnormd_requests_total{status=\"OK\"} 2"),
+             "/metrics content");
+    free(b);
+    b = ts_http_get(d.http, "/nope", &st);
+    TS_CHECK(st == 404, "unknown path: %d", st);
+    free(b);
+    nng_close(s);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
+/* ------------------------------------------------------------------ */
+
+static void test_config(void)
+{
+    char out[16384];
+    static const char *const help[] = {"--help", NULL};
+    TS_CHECK(ts_run(lnormd, help, out, sizeof out) == 0 && strstr(out, "--max-batch-rows") && strstr(out, "--tls-cert"),
+             "--help");
+    static const char *const ver[] = {"--version", NULL};
+    TS_CHECK(ts_run(lnormd, ver, out, sizeof out) == 0 && strstr(out, "lnormd "), "--version");
+    static const char *const bad[][6] = {
+        {"--no-such-flag", NULL},
+        {"--max-rows", "0", NULL},
+        {"--max-rows", "abc", NULL},
+        {"--max-rows", "-5", NULL},
+        {"--log-level", "loud", NULL},
+        {"--backend", "tpu", NULL},
+        {"--max-rows", NULL},
+        {"--listen", "udp://127.0.0.1:1", NULL},
+        {"--listen", "tls+tcp://127.0.0.1:0", NULL},
+        {"--config", "/nonexistent/lnormd.conf", NULL},
+        {"--http", "nonsense", "--ready-file", "/dev/null", NULL},
+        {"stray", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = ts_run(lnormd, bad[i], out, sizeof out);
+        TS_CHECK(rc == 2 && strlen(out) > 0, "bad config %zu (%s %s): exit %d, output '%s'", i, bad[i][0],
+                 bad[i][1] ? bad[i][1] : "", rc, out);
+    }
+    /* A config file: bad key / bad value exit 2; a good one is used, flags win. */
+    char dir[] = "/tmp/lnormd-cfg-XXXXXX";
+    if (!mkdtemp(dir)) {
+        ts_failures++;
+        return;
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/lnormd.conf", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# comment\nmax-rows = 10\nbogus-key = 1\n");
+    fclose(f);
+    const char *a1[] = {"--config", path, NULL};
+    TS_CHECK(ts_run(lnormd, a1, out, sizeof out) == 2 && strstr(out, "bogus-key"), "unknown key: %s", out);
+    f = fopen(path, "w");
+    fprintf(f, "max-rows = many\n");
+    fclose(f);
+    TS_CHECK(ts_run(lnormd, a1, out, sizeof out) == 2 && strstr(out, "max-rows"), "bad value: %s", out);
+    f = fopen(path, "w");
+    fprintf(f, "# lnormd test config\nmax-rows = 10\nmax-hidden = 2048\n\nlog-level = warn\n");
+    fclose(f);
+    const char *a2[] = {"--config", path, "--max-rows", "20", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, a2) == 0) {
+        nng_socket s;
+        if (ts_dial(&s, d.tcp_url) == 0) {
+            Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
+            Lnorm__V1__InfoRequest ir = LNORM__V1__INFO_REQUEST__INIT;
+            req.body_case = LNORM__V1__REQUEST__BODY_INFO;
+            req.info = &ir;
+            Lnorm__V1__Response *r = ts_call(s, &req);
+            TS_CHECK(r && r->body_case == LNORM__V1__RESPONSE__BODY_INFO && r->info->limits->max_rows == 20 &&
+                         r->info->limits->max_hidden == 2048,
+                     "file + flag override");
+            code_free(r);
+            /* SIGHUP with the file changed: the daemon keeps serving. */
+            f = fopen(path, "w");
+            fprintf(f, "max-rows = 10\nmax-queue-delay-us = 1000\n");
+            fclose(f);
+            ts_signal(&d, SIGHUP);
+            sleep_ms(100);
+            r = ts_call(s, &req);
+            TS_CHECK(r && ts_code(r) == 0, "serving after SIGHUP");
+            code_free(r);
+            nng_close(s);
+        } else {
+            ts_failures++;
+        }
+        TS_CHECK(ts_stop(&d) == 0, "clean exit");
+    } else {
+        ts_failures++;
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s LNORMD TEST\n", argv[0]);
+        return 2;
+    }
+    lnormd = argv[1];
+    ts_watchdog(120);
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } tests[] = {
+        {"normalize", test_normalize}, {"batching", test_batching},     {"invariance", test_invariance},
+        {"malformed", test_malformed}, {"deadline", test_deadline},     {"queue_full", test_queue_full},
+        {"sigterm", test_sigterm},     {"params", test_params},         {"params_drop_inflight", test_params_drop_inflight},
+        {"health_info", test_health_info}, {"config", test_config},
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (!strcmp(argv[2], tests[i].name)) {
+            tests[i].fn();
+            if (ts_failures)
+                fprintf(stderr, "%s: %d failure(s)\n", argv[2], ts_failures);
+            else
+                fprintf(stderr, "%s: passed\n", argv[2]);
+            return ts_failures ? 1 : 0;
+        }
+    }
+    fprintf(stderr, "unknown test %s\n", argv[2]);
+    return 2;
+}
