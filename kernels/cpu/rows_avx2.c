@@ -17,6 +17,10 @@
 #define VST_F32(p, v) _mm256_storeu_ps(p, v)
 #define VST_F16(p, v) _mm_storeu_si128((__m128i *)(void *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #define VST_BF16(p, v) _mm_storeu_si128((__m128i *)(void *)(p), avx2_to_bf16(v))
+#define VNT_F32(p, v) _mm256_stream_ps(p, v)
+#define VNT_F16(p, v) _mm_stream_si128((__m128i *)(void *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#define VNT_BF16(p, v) _mm_stream_si128((__m128i *)(void *)(p), avx2_to_bf16(v))
+#define VNT_ALIGN 32
 #define VKEEP(v, n) _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), \
                                                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))))
 #define VSTORE_ARR(a, v) _mm256_store_ps(a, v)

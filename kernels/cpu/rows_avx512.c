@@ -18,6 +18,11 @@
 #define VST_F16(p, v) \
     _mm256_storeu_si256((__m256i *)(void *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #define VST_BF16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), avx512_to_bf16(v))
+#define VNT_F32(p, v) _mm512_stream_ps(p, v)
+#define VNT_F16(p, v) \
+    _mm256_stream_si256((__m256i *)(void *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#define VNT_BF16(p, v) _mm256_stream_si256((__m256i *)(void *)(p), avx512_to_bf16(v))
+#define VNT_ALIGN 64
 #define VKEEP(v, n) _mm512_maskz_mov_ps((__mmask16)((1u << (n)) - 1u), v)
 #define VSTORE_ARR(a, v) _mm512_store_ps(a, v)
 #define ROWS_FN lnorm__cpu_rows_avx512

@@ -9,6 +9,9 @@
  *   VZERO() VSET1(f) VADD(a,b) VSUB(a,b) VMUL(a,b) VFMA(a,b,c) (= a*b+c)
  *   VLD_F32(p) VLD_F16(p) VLD_BF16(p)       full loads (unaligned)
  *   VST_F32(p,v) VST_F16(p,v) VST_BF16(p,v) full stores, rounding to nearest even
+ *   VNT_F32(p,v) VNT_F16(p,v) VNT_BF16(p,v) the same, non-temporal (p aligned
+ *                 to the vector's store width)
+ *   VNT_ALIGN     the alignment (bytes) a row of y needs for non-temporal stores
  *   VKEEP(v, n)   lanes >= n set to 0
  *   VSTORE_ARR(float *a, v)   all W lanes to an array
  *   ROWS_FN       the function name to define
@@ -50,6 +53,16 @@ INL void st_full(void *p, int64_t c, int dt, V v)
         VST_F16((uint16_t *)p + c, v);
     else
         VST_BF16((uint16_t *)p + c, v);
+}
+
+INL void st_nt(void *p, int64_t c, int dt, V v)
+{
+    if (dt == LNORM_DTYPE_F32)
+        VNT_F32((float *)p + c, v);
+    else if (dt == LNORM_DTYPE_F16)
+        VNT_F16((uint16_t *)p + c, v);
+    else
+        VNT_BF16((uint16_t *)p + c, v);
 }
 
 /* The first n (< W) lanes of v to column c; nothing else is written. */
@@ -137,7 +150,7 @@ INL V ld_param(const void *p, int64_t c, int64_t n, int dt)
 }
 
 /* One row, x dtype xdt known at compile time after inlining. */
-INL void one_row(const lnorm_segment *s, int64_t r, int xdt)
+INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt)
 {
     const int64_t H = s->hidden;
     const size_t xsz = lnorm_dtype_size(xdt);
@@ -177,6 +190,8 @@ INL void one_row(const lnorm_segment *s, int64_t r, int xdt)
     const V K = VSET1(Kf), d = VSET1(df), rs = VSET1(rstd);
     const int ydt = s->y_dtype, pdt = s->param_dtype;
     const int is_ln = s->op == LNORM_OP_LAYERNORM;
+    /* Non-temporal stores only change how y reaches memory, never its bits. */
+    nt = nt && ((uintptr_t)y % VNT_ALIGN) == 0;
     for (int64_t c = 0; c < H; c += W) {
         int64_t n = H - c < W ? H - c : W;
         V h = n == W ? ld_full(hp, c, xdt) : ld_tail(hp, c, n, xdt);
@@ -188,21 +203,30 @@ INL void one_row(const lnorm_segment *s, int64_t r, int xdt)
             v = VMUL(v, ld_param(s->gamma, c, n, pdt));
         else if (s->beta)
             v = VADD(v, ld_param(s->beta, c, n, pdt));
-        if (n == W)
+        if (n == W && nt)
+            st_nt(y, c, ydt, v);
+        else if (n == W)
             st_full(y, c, ydt, v);
         else
             st_tail(y, c, n, ydt, v);
     }
 }
 
+/* y of a segment at least this large bypasses the caches (it would not stay
+ * in them anyway), saving the read-for-ownership of every output line. */
+#define NT_MIN_BYTES (4u << 20)
+
 void ROWS_FN(const lnorm_segment *s, int64_t r0, int64_t r1)
 {
+    const int nt = (uint64_t)s->rows * (uint64_t)s->y_stride * lnorm_dtype_size(s->y_dtype) >= NT_MIN_BYTES;
     for (int64_t r = r0; r < r1; r++) {
         if (s->x_dtype == LNORM_DTYPE_F32)
-            one_row(s, r, LNORM_DTYPE_F32);
+            one_row(s, r, LNORM_DTYPE_F32, nt);
         else if (s->x_dtype == LNORM_DTYPE_F16)
-            one_row(s, r, LNORM_DTYPE_F16);
+            one_row(s, r, LNORM_DTYPE_F16, nt);
         else
-            one_row(s, r, LNORM_DTYPE_BF16);
+            one_row(s, r, LNORM_DTYPE_BF16, nt);
     }
+    if (nt)
+        _mm_sfence(); /* order the streamed stores before the caller's "done" */
 }

@@ -114,6 +114,22 @@ static void sweep(lnorm_cpu *cpu, lnorm_rng *g)
                     c.pad = res ? 5 : 0;
                     run_case(cpu, &c, g, res);
                 }
+    /* Outputs of 4 MiB and more: y goes out through non-temporal stores
+     * (aligned rows) and plain ones (odd padding), over the pool. */
+    for (int xi = 0; xi < 3; xi++)
+        for (int pad = 0; pad < 2; pad++) {
+            lnorm_test_case_cfg c = {0};
+            c.op = xi == 1 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM;
+            c.x_dtype = dts[xi];
+            c.y_dtype = xi == 2 ? LNORM_DTYPE_F32 : dts[xi];
+            c.gamma = c.beta = 1;
+            c.stats = 1;
+            c.residual = pad;
+            c.hidden = 4096;
+            c.rows = 520;
+            c.pad = pad ? 3 : 0;
+            run_case(cpu, &c, g, 1);
+        }
 }
 
 int main(int argc, char **argv)
