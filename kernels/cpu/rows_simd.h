@@ -24,7 +24,7 @@
 
 #define INL static inline __attribute__((always_inline))
 /* Vectors summed per accumulator before a block joins the compensated sum. */
-#define BLOCK_VECS 8
+#define BLOCK_VECS 16
 
 INL V ld_full(const void *p, int64_t c, int dt)
 {
@@ -94,44 +94,46 @@ INL float hsum(V v)
     return a[0];
 }
 
-/* The term a column contributes: mode 0: h - K; 1: ((h - K) - d)^2; 2: h^2. */
+/* The value a column contributes, before squaring: mode 0: h - K (summed);
+ * 1: (h - K) - d (squared and summed); 2: h (squared and summed). */
 INL V term(V h, V K, V d, int mode)
 {
     if (mode == 2)
-        return VMUL(h, h);
+        return h;
     V t = VSUB(h, K);
-    if (mode == 1) {
-        t = VSUB(t, d);
-        return VMUL(t, t);
-    }
-    return t;
+    return mode == 1 ? VSUB(t, d) : t;
 }
 
-/* Sum of term() over the row: BLOCK_VECS vectors per block in two
- * accumulators, blocks Kahan-added lane-wise, lanes combined at the end. */
+INL V accum(V acc, V t, int mode)
+{
+    return mode == 0 ? VADD(acc, t) : VFMA(t, t, acc);
+}
+
+/* Sum over the row: blocks of BLOCK_VECS vectors in four accumulators
+ * (vector j of a block goes to accumulator j % 4), blocks Kahan-added
+ * lane-wise, lanes combined pairwise at the end. Depends on H only. */
 INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mode)
 {
     const V K = VSET1(Kf), d = VSET1(df);
     V S = VZERO(), C = VZERO(), P = VZERO();
-    const int64_t nvec = (H + W - 1) / W;
+    const int64_t nfull = H / W, nvec = (H + W - 1) / W;
     for (int64_t v0 = 0; v0 < nvec; v0 += BLOCK_VECS) {
         const int64_t v1 = v0 + BLOCK_VECS < nvec ? v0 + BLOCK_VECS : nvec;
-        V a0 = VZERO(), a1 = VZERO();
+        V a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
         int64_t v = v0;
-        for (; v + 2 <= v1 && (v + 2) * W <= H; v += 2) {
-            a0 = VADD(a0, term(ld_full(hp, v * W, dt), K, d, mode));
-            a1 = VADD(a1, term(ld_full(hp, (v + 1) * W, dt), K, d, mode));
+        for (; v + 4 <= v1 && v + 4 <= nfull; v += 4) {
+            a[0] = accum(a[0], term(ld_full(hp, v * W, dt), K, d, mode), mode);
+            a[1] = accum(a[1], term(ld_full(hp, (v + 1) * W, dt), K, d, mode), mode);
+            a[2] = accum(a[2], term(ld_full(hp, (v + 2) * W, dt), K, d, mode), mode);
+            a[3] = accum(a[3], term(ld_full(hp, (v + 3) * W, dt), K, d, mode), mode);
         }
         for (; v < v1; v++) {
-            V tv = (v + 1) * W <= H ? term(ld_full(hp, v * W, dt), K, d, mode)
-                                    : VKEEP(term(ld_tail(hp, v * W, H - v * W, dt), K, d, mode), H - v * W);
-            if ((v - v0) & 1)
-                a1 = VADD(a1, tv);
-            else
-                a0 = VADD(a0, tv);
+            V tv = v < nfull ? term(ld_full(hp, v * W, dt), K, d, mode)
+                             : VKEEP(term(ld_tail(hp, v * W, H - v * W, dt), K, d, mode), H - v * W);
+            a[(v - v0) & 3] = accum(a[(v - v0) & 3], tv, mode);
         }
-        V b = VADD(a0, a1);
-        /* Kahan: S + C is carried as the sum and its (negated) error. */
+        V b = VADD(VADD(a[0], a[1]), VADD(a[2], a[3]));
+        /* Kahan: S - C is the running sum, C its accumulated rounding error. */
         V y = VSUB(b, C);
         V t = VADD(S, y);
         C = VSUB(VSUB(t, S), y);
