@@ -15,6 +15,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include "harness.h"
 
@@ -105,7 +106,9 @@ int ts_start(ts_daemon *d, const char *lnormd, const char *const *extra)
             char line[256];
             while (fgets(line, sizeof line, f)) {
                 line[strcspn(line, "\n")] = 0;
-                if (!strncmp(line, "listen tcp://", 13))
+                if (!strncmp(line, "listen tls+tcp://", 17))
+                    snprintf(d->tls_url, sizeof d->tls_url, "%s", line + 7);
+                else if (!strncmp(line, "listen tcp://", 13))
                     snprintf(d->tcp_url, sizeof d->tcp_url, "%s", line + 7);
                 else if (!strncmp(line, "http ", 5))
                     snprintf(d->http, sizeof d->http, "%s", line + 5);
@@ -243,6 +246,56 @@ int ts_dial(nng_socket *s, const char *url)
         rv = nng_dial(*s, url, NULL, 0);
     if (rv != 0)
         fprintf(stderr, "dial %s: %s\n", url, nng_strerror(rv));
+    return rv ? -1 : 0;
+}
+
+int ts_dial_tls(nng_socket *s, const char *url, const char *ca, const char *cert, const char *key, int timeout_ms)
+{
+    nng_tls_config *tls = NULL;
+    nng_dialer dl;
+    int rv = nng_req0_open(s);
+    if (rv == 0)
+        rv = nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, timeout_ms);
+    if (rv == 0)
+        rv = nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    if (rv == 0)
+        rv = nng_tls_config_alloc(&tls, NNG_TLS_MODE_CLIENT);
+    if (rv == 0)
+        rv = nng_tls_config_ca_file(tls, ca);
+    if (rv == 0)
+        rv = nng_tls_config_server_name(tls, "localhost");
+    if (rv == 0)
+        rv = nng_tls_config_auth_mode(tls, NNG_TLS_AUTH_MODE_REQUIRED);
+    if (rv == 0 && cert) {
+        /* NNG wants the certificate and the key in one file. */
+        char both[512];
+        snprintf(both, sizeof both, "%s.both.pem", cert);
+        FILE *o = fopen(both, "w");
+        const char *parts[2] = {cert, key};
+        for (int i = 0; o && i < 2; i++) {
+            FILE *in = fopen(parts[i], "r");
+            char buf[4096];
+            size_t n;
+            while (in && (n = fread(buf, 1, sizeof buf, in)) > 0)
+                fwrite(buf, 1, n, o);
+            if (in)
+                fclose(in);
+        }
+        if (o)
+            fclose(o);
+        rv = nng_tls_config_cert_key_file(tls, both, NULL);
+        unlink(both);
+    }
+    if (rv == 0)
+        rv = nng_dialer_create(&dl, *s, url);
+    if (rv == 0)
+        rv = nng_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, tls);
+    if (rv == 0)
+        rv = nng_dialer_start(dl, 0);
+    if (tls)
+        nng_tls_config_free(tls);
+    if (rv != 0)
+        fprintf(stderr, "tls dial %s: %s\n", url, nng_strerror(rv));
     return rv ? -1 : 0;
 }
 

@@ -27,7 +27,8 @@ typedef struct ts_daemon {
     char log[300];
     char ipc_url[320];
     char tcp_url[320];
-    char http[128];     /* host:port */
+    char tls_url[320];  /* when a tls+tcp:// listener was asked for */
+    char http[256];     /* host:port */
 } ts_daemon;
 
 extern int ts_failures;
@@ -61,6 +62,9 @@ int ts_run(const char *lnormd, const char *const *args, char *out, size_t outlen
 
 /* A req0 socket dialed to url (recv timeout 20 s). */
 int ts_dial(nng_socket *s, const char *url);
+/* A req0 socket dialed over TLS: trust ca, present cert/key when given
+ * (NULL: none), recv timeout ms. 0, or -1 when the dial fails. */
+int ts_dial_tls(nng_socket *s, const char *url, const char *ca, const char *cert, const char *key, int timeout_ms);
 /* Send raw bytes, receive and unpack the reply (NULL on error). */
 Lnorm__V1__Response *ts_call_raw(nng_socket s, const void *buf, size_t len);
 /* Pack req, then as ts_call_raw. */

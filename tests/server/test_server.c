@@ -881,9 +881,141 @@ static void test_config(void)
     rmdir(dir);
 }
 
+/* tls+tcp:// with a server certificate, then with client verification. */
+static const char *gen_certs;
+
+static void test_tls(void)
+{
+    char dir[] = "/tmp/lnormd-tls-XXXXXX";
+    if (!gen_certs || !mkdtemp(dir)) {
+        ts_failures++;
+        return;
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "bash '%s' '%s'", gen_certs, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "gen-certs failed\n");
+        ts_failures++;
+        return;
+    }
+    char ca[128], scrt[128], skey[128], ccrt[128], ckey[128], rcrt[128], rkey[128];
+    snprintf(ca, sizeof ca, "%s/ca.crt", dir);
+    snprintf(scrt, sizeof scrt, "%s/server.crt", dir);
+    snprintf(skey, sizeof skey, "%s/server.key", dir);
+    snprintf(ccrt, sizeof ccrt, "%s/client.crt", dir);
+    snprintf(ckey, sizeof ckey, "%s/client.key", dir);
+    snprintf(rcrt, sizeof rcrt, "%s/rogue.crt", dir);
+    snprintf(rkey, sizeof rkey, "%s/rogue.key", dir);
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 29 + (uint64_t)time(NULL));
+    for (int verify = 0; verify <= 1; verify++) {
+        const char *args[] = {"--listen", "tls+tcp://127.0.0.1:0", "--tls-cert", scrt, "--tls-key", skey,
+                              verify ? "--tls-ca" : NULL, ca, "--tls-verify-peer", NULL};
+        ts_daemon d;
+        if (ts_start(&d, lnormd, args) != 0 || !d.tls_url[0]) {
+            ts_failures++;
+            continue;
+        }
+        nng_socket s;
+        if (ts_dial_tls(&s, d.tls_url, ca, verify ? ccrt : NULL, verify ? ckey : NULL, 20000) == 0) {
+            valid_roundtrip(s, &g, verify ? "tls with client cert" : "tls");
+            nng_close(s);
+        } else {
+            TS_CHECK(0, "tls dial (verify %d)", verify);
+        }
+        if (verify) {
+            /* No client certificate, or one from a CA nobody trusts: no service. */
+            for (int k = 0; k < 2; k++) {
+                nng_socket bad;
+                if (ts_dial_tls(&bad, d.tls_url, ca, k ? rcrt : NULL, k ? rkey : NULL, 1500) == 0) {
+                    lnorm_test_case tc;
+                    random_case(&tc, &g);
+                    ts_norm m;
+                    ts_norm_from_case(&m, &tc, 1, 1);
+                    Lnorm__V1__Response *r = ts_call(bad, &m.req);
+                    TS_CHECK(r == NULL, "served a client %s", k ? "with a rogue certificate" : "without a certificate");
+                    if (r)
+                        lnorm__v1__response__free_unpacked(r, NULL);
+                    lnorm_test_case_free(&tc);
+                    nng_close(bad);
+                }
+            }
+        }
+        TS_CHECK(ts_stop(&d) == 0, "clean exit");
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* deploy/lnormd.conf documents every key of --help, and with every
+ * documented default uncommented it is a valid config file. */
+static const char *deploy_conf;
+
+static void test_deploy_conf(void)
+{
+    char help[16384];
+    static const char *const hargs[] = {"--help", NULL};
+    if (!deploy_conf || ts_run(lnormd, hargs, help, sizeof help) != 0) {
+        ts_failures++;
+        return;
+    }
+    FILE *f = fopen(deploy_conf, "r");
+    if (!f) {
+        ts_failures++;
+        return;
+    }
+    static char conf[65536];
+    size_t n = fread(conf, 1, sizeof conf - 1, f);
+    conf[n] = 0;
+    fclose(f);
+    /* Every "--key" of --help appears as "# key =" in the file. */
+    int keys = 0;
+    for (char *p = strstr(help, "\n  --"); p; p = strstr(p + 1, "\n  --")) {
+        char key[64];
+        if (sscanf(p + 5, "%63[a-z0-9-]", key) != 1 || !strcmp(key, "help") || !strcmp(key, "version") ||
+            !strcmp(key, "config"))
+            continue;
+        char needle[80];
+        snprintf(needle, sizeof needle, "# %s =", key);
+        TS_CHECK(strstr(conf, needle) != NULL, "deploy/lnormd.conf does not document '%s'", key);
+        keys++;
+    }
+    TS_CHECK(keys >= 20, "only %d keys found in --help", keys);
+    /* Uncomment every default (not listen: the harness gives its own). */
+    char dir[] = "/tmp/lnormd-conf-XXXXXX";
+    if (!mkdtemp(dir)) {
+        ts_failures++;
+        return;
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/all.conf", dir);
+    FILE *o = fopen(path, "w");
+    int lines = 0;
+    for (char *line = strtok(conf, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "# ", 2) && strstr(line, " = ") && strncmp(line, "# listen", 8) &&
+            strspn(line + 2, "abcdefghijklmnopqrstuvwxyz-") == (size_t)(strstr(line, " = ") - line - 2)) {
+            fprintf(o, "%s\n", line + 2);
+            lines++;
+        }
+    }
+    fclose(o);
+    TS_CHECK(lines >= 20, "only %d defaults uncommented", lines);
+    const char *args[] = {"--config", path, NULL};
+    ts_daemon d;
+    int started = ts_start(&d, lnormd, args) == 0;
+    TS_CHECK(started, "lnormd with every documented default (%d keys)", lines);
+    if (started)
+        TS_CHECK(ts_stop(&d) == 0, "clean exit");
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
+    if (argc == 4)
+        gen_certs = deploy_conf = argv[3];
+    if (argc != 3 && argc != 4) {
         fprintf(stderr, "usage: %s LNORMD TEST\n", argv[0]);
         return 2;
     }
@@ -896,7 +1028,7 @@ int main(int argc, char **argv)
         {"normalize", test_normalize}, {"batching", test_batching},     {"invariance", test_invariance},
         {"malformed", test_malformed}, {"deadline", test_deadline},     {"queue_full", test_queue_full},
         {"sigterm", test_sigterm},     {"params", test_params},         {"params_drop_inflight", test_params_drop_inflight},
-        {"health_info", test_health_info}, {"config", test_config},
+        {"health_info", test_health_info}, {"config", test_config}, {"tls", test_tls}, {"deploy_conf", test_deploy_conf},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (!strcmp(argv[2], tests[i].name)) {
