@@ -281,7 +281,10 @@ static void lib_cb(void *arg, int err, const lnorm_result *res)
         take_sample(s, s->y, t->y_bytes, ln ? s->mean : NULL, ln ? sb : 0, s->rstd, sb,
                     t->residual ? s->res_out : NULL, t->residual ? t->x_bytes : 0);
     }
-    complete(s, kind, &rep, t->msg_len, t->y_bytes + (s->r->w->wl.stats ? t->sh.rows * 8 : 0));
+    /* bytes the replies carried: y, residual_out, mean/rstd */
+    size_t rx = t->y_bytes + (t->residual ? t->x_bytes : 0) +
+                (s->r->w->wl.stats ? t->sh.rows * (t->sh.op == LNORM_OP_LAYERNORM ? 8 : 4) : 0);
+    complete(s, kind, &rep, t->msg_len, kind == 0 ? rx : 0);
 }
 
 static void lib_start(slot *s)
