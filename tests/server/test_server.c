@@ -1000,7 +1000,7 @@ static void test_deploy_conf(void)
         }
     }
     fclose(o);
-    TS_CHECK(lines >= 20, "only %d defaults uncommented", lines);
+    TS_CHECK(lines >= 15, "only %d defaults uncommented", lines);
     const char *args[] = {"--config", path, NULL};
     ts_daemon d;
     int started = ts_start(&d, lnormd, args) == 0;
