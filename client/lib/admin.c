@@ -33,20 +33,25 @@ static void copy_str(char *dst, size_t cap, const char *src)
     snprintf(dst, cap, "%s", src ? src : "");
 }
 
-static int admin_take(lnorm__call *call, uint64_t i, const Lnorm__V1__Response *resp)
+static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *resp)
 {
     admin_state *st = call->data;
     (void)i;
-    if ((int)resp->body_case != (int)st->req.body_case)
+    if (resp->body != (int)st->req.body_case)
         return LNORM_EPROTO;
-    switch (resp->body_case) {
-    case LNORM__V1__RESPONSE__BODY_HEALTH:
-        if (!resp->health)
+    switch (resp->body) {
+    case LNORM__V1__RESPONSE__BODY_HEALTH: {
+        Lnorm__V1__HealthResponse *h =
+            lnorm__v1__health_response__unpack(NULL, resp->body_bytes.n, resp->body_bytes.p);
+        if (!h)
             return LNORM_EPROTO;
-        *st->serving = resp->health->serving ? 1 : 0;
+        *st->serving = h->serving ? 1 : 0;
+        lnorm__v1__health_response__free_unpacked(h, NULL);
         return LNORM_OK;
+    }
     case LNORM__V1__RESPONSE__BODY_INFO: {
-        const Lnorm__V1__InfoResponse *in = resp->info;
+        Lnorm__V1__InfoResponse *in =
+            lnorm__v1__info_response__unpack(NULL, resp->body_bytes.n, resp->body_bytes.p);
         lnorm_server_info *o = st->out_info;
         if (!in)
             return LNORM_EPROTO;
@@ -71,6 +76,7 @@ static int admin_take(lnorm__call *call, uint64_t i, const Lnorm__V1__Response *
             o->max_queue_requests = in->limits->max_queue_requests;
             o->max_params_bytes = in->limits->max_params_bytes;
         }
+        lnorm__v1__info_response__free_unpacked(in, NULL);
         return LNORM_OK;
     }
     default:

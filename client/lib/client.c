@@ -342,34 +342,31 @@ static void start_chunk(lnorm__call *call, uint64_t i)
 static void handle_reply(lnorm__call *call, uint64_t i, nng_msg *m, int *err, int *status,
                          char *why, size_t whylen)
 {
-    Lnorm__V1__Response *resp =
-        lnorm__v1__response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
-    if (!resp) {
+    lnorm__resp_view v;
+    if (lnorm__resp_parse(nng_msg_body(m), nng_msg_len(m), &v) != LNORM_OK) {
         *err = LNORM_EPROTO;
         snprintf(why, whylen, "malformed reply (%zu bytes)", nng_msg_len(m));
         return;
     }
-    int code = resp->status ? (int)resp->status->code : 0;
-    if (resp->timings) {
-        nng_mtx_lock(call->c->mtx);
-        call->res.queue_us += resp->timings->queue_us;
-        call->res.compute_us += resp->timings->compute_us;
-        call->res.batch_rows = resp->timings->batch_rows;
-        call->res.batch_requests = resp->timings->batch_requests;
-        nng_mtx_unlock(call->c->mtx);
-    }
-    if (code != 0) {
-        *err = lnorm_status_to_err(code);
-        *status = code;
-        snprintf(why, whylen, "%s",
-                 resp->status->message && resp->status->message[0] ? resp->status->message
-                                                                     : lnorm_strerror(*err));
+    nng_mtx_lock(call->c->mtx);
+    call->res.queue_us += v.queue_us;
+    call->res.compute_us += v.compute_us;
+    call->res.batch_rows = v.batch_rows;
+    call->res.batch_requests = v.batch_requests;
+    nng_mtx_unlock(call->c->mtx);
+    if (v.code != 0) {
+        *err = lnorm_status_to_err(v.code);
+        *status = v.code;
+        if (v.message.n > 0)
+            snprintf(why, whylen, "%.*s", (int)(v.message.n < 1024 ? v.message.n : 1024),
+                     (const char *)v.message.p);
+        else
+            snprintf(why, whylen, "%s", lnorm_strerror(*err));
     } else {
-        *err = call->ops->take(call, i, resp);
+        *err = call->ops->take(call, i, &v);
         if (*err != LNORM_OK)
             snprintf(why, whylen, "unexpected reply: %s", lnorm_strerror(*err));
     }
-    lnorm__v1__response__free_unpacked(resp, NULL);
 }
 
 static void slot_cb(void *arg)

@@ -18,11 +18,35 @@
 typedef struct lnorm__slot lnorm__slot;
 typedef struct lnorm__call lnorm__call;
 
+/* Bytes inside a received message (not NUL-terminated). */
+typedef struct lnorm__span {
+    const uint8_t *p;
+    size_t n;
+} lnorm__span;
+
+/* What lnorm__resp_parse finds in a Response, pointing into the message. */
+typedef struct lnorm__resp_view {
+    uint64_t request_id;
+    int code;                /* Status.code (0 when absent) */
+    lnorm__span message;     /* Status.message */
+    uint64_t queue_us, compute_us;
+    uint32_t batch_rows, batch_requests;
+    int body;                /* field number of the body (10..14), 0: none */
+    lnorm__span body_bytes;  /* the body message's encoding */
+} lnorm__resp_view;
+
+/* Parse a Response without copying. LNORM_OK or LNORM_EPROTO. */
+int lnorm__resp_parse(const void *buf, size_t n, lnorm__resp_view *v);
+
+/* Find fields 1..4 (y, mean, rstd, residual_out) of a NormalizeResponse
+ * body; out[0] is unused. LNORM_OK or LNORM_EPROTO. */
+int lnorm__norm_parse(lnorm__span body, lnorm__span out[5]);
+
 /* What a kind of call does with its chunks: build the request message of
- * chunk i, and take the decoded reply of chunk i (status already OK). */
+ * chunk i, and take the reply of chunk i (status already OK). */
 typedef struct lnorm__call_ops {
     int (*make)(lnorm__call *call, uint64_t i, nng_msg **out);
-    int (*take)(lnorm__call *call, uint64_t i, const Lnorm__V1__Response *resp);
+    int (*take)(lnorm__call *call, uint64_t i, const lnorm__resp_view *resp);
 } lnorm__call_ops;
 
 /* One call in flight: nchunks exchanges, at most depth at once. */

@@ -150,31 +150,32 @@ static int norm_make(lnorm__call *call, uint64_t i, nng_msg **out)
     return lnorm__pack(&req, out);
 }
 
-static int norm_take(lnorm__call *call, uint64_t i, const Lnorm__V1__Response *resp)
+static int norm_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *resp)
 {
     norm_state *st = call->data;
     const lnorm_normalize_req *r = &st->r;
-    if (resp->body_case != LNORM__V1__RESPONSE__BODY_NORMALIZE || !resp->normalize)
+    lnorm__span f[5];
+    if (resp->body != LNORM__V1__RESPONSE__BODY_NORMALIZE ||
+        lnorm__norm_parse(resp->body_bytes, f) != LNORM_OK)
         return LNORM_EPROTO;
-    const Lnorm__V1__NormalizeResponse *nr = resp->normalize;
     uint64_t r0 = i * st->rows_per_chunk;
     uint64_t rows = r->rows - r0 < st->rows_per_chunk ? r->rows - r0 : st->rows_per_chunk;
     size_t yb = rows * r->hidden * st->ys, xb = rows * r->hidden * st->xs;
-    if (nr->y.len != yb)
+    if (f[1].n != yb)
         return LNORM_EPROTO;
-    if (st->stats && nr->rstd.len != rows * 4)
+    if (st->stats && f[3].n != rows * 4)
         return LNORM_EPROTO;
-    if (st->stats && r->op == LNORM_OP_LAYERNORM && nr->mean.len != rows * 4)
+    if (st->stats && r->op == LNORM_OP_LAYERNORM && f[2].n != rows * 4)
         return LNORM_EPROTO;
-    if (r->residual && nr->residual_out.len != xb)
+    if (r->residual && f[4].n != xb)
         return LNORM_EPROTO;
-    memcpy((uint8_t *)r->y + r0 * r->hidden * st->ys, nr->y.data, yb);
+    memcpy((uint8_t *)r->y + r0 * r->hidden * st->ys, f[1].p, yb);
     if (r->mean && st->stats)
-        memcpy(r->mean + r0, nr->mean.data, rows * 4);
+        memcpy(r->mean + r0, f[2].p, rows * 4);
     if (r->rstd && st->stats)
-        memcpy(r->rstd + r0, nr->rstd.data, rows * 4);
+        memcpy(r->rstd + r0, f[3].p, rows * 4);
     if (r->residual)
-        memcpy((uint8_t *)r->residual_out + r0 * r->hidden * st->xs, nr->residual_out.data, xb);
+        memcpy((uint8_t *)r->residual_out + r0 * r->hidden * st->xs, f[4].p, xb);
     return LNORM_OK;
 }
 
