@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Build and run lnorm-cpu-bench (CPU backend beside memcpy and oneDNN, same
+# process) and write bench/results/cpu-<date>.json: device (CPU model), date,
+# commit and every figure. Installs libdnnl-dev first when missing and run
+# as root (the oneDNN peer is skipped, not faked, when it cannot be had).
+# Usage: bench/cpu/run.sh [lnorm-cpu-bench options, e.g. --runs 9 --threads 2]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+
+if ! dpkg -s libdnnl-dev >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get install -y libdnnl-dev || { apt-get update && apt-get install -y libdnnl-dev; } ||
+      echo "run.sh: could not install libdnnl-dev; the oneDNN peer will be skipped" >&2
+  else
+    echo "run.sh: not root and libdnnl-dev missing; the oneDNN peer will be skipped" >&2
+  fi
+fi
+
+build=${BUILD:-build-bench-cpu}
+jobs=${JOBS:-2}
+if ! cmake -S . -B "$build" -DLNORM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >"$build.configure.log" 2>&1; then
+  # The full project failed to configure (a dependency of another component
+  # missing?): build only what the benchmark needs, from a minimal project.
+  echo "run.sh: full configure failed (see $build.configure.log); using a minimal bench-only project" >&2
+  mini="$build/mini-src"
+  mkdir -p "$mini"
+  cat >"$mini/CMakeLists.txt" <<CMK
+cmake_minimum_required(VERSION 3.20)
+project(lnorm_cpu_bench_only C CXX)
+set(CMAKE_C_STANDARD 11)
+set(CMAKE_C_EXTENSIONS OFF)
+add_compile_options(-Wall -Wextra)
+add_compile_definitions(_GNU_SOURCE)
+find_package(Threads REQUIRED)
+find_library(LIBM m)
+add_library(lnorm_common OBJECT $root/kernels/core/errors.c)
+target_include_directories(lnorm_common PUBLIC $root/include)
+add_subdirectory($root/kernels kernels)
+add_subdirectory($root/bench/cpu bench/cpu)
+CMK
+  build="$build/mini"
+  cmake -S "$mini" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+cmake --build "$build" -j "$jobs" --target lnorm-cpu-bench >/dev/null
+
+date=$(date -u +%Y-%m-%d)
+commit=$(git rev-parse HEAD)
+if ! git diff --quiet HEAD -- kernels bench/cpu 2>/dev/null; then
+  commit="$commit+uncommitted-changes"
+fi
+mkdir -p bench/results
+out="bench/results/cpu-$date.json"
+"$build/bench/cpu/lnorm-cpu-bench" --json "$out" --commit "$commit" "$@"
