@@ -1,0 +1,279 @@
+/*
+ * fault.disconnect, fault.half_frame, fault.no_read: misbehaving clients.
+ *
+ *   fault_abuse LNORMD MODE      MODE = disconnect | half_frame | no_read
+ *
+ * lnormd listens on tcp://127.0.0.1:0 and on an ipc path in a private temp
+ * dir. Two well-behaved clients load it over ipc the whole time and check
+ * every reply. The misbehaving clients, over tcp, in three rounds:
+ *  - disconnect: send a 1 MiB request and close at once (NNG socket closed
+ *    right after the send, and raw SP/TCP connections closed after writing
+ *    the whole frame), so replies have nowhere to go;
+ *  - half_frame: connect and close; half an SP header; a bad SP header; a
+ *    frame header with part of its body, then close; a frame claiming 2^40
+ *    bytes; and 32 connections left open holding half a frame;
+ *  - no_read: 4 connections each pipeline up to 48 requests of 1 MiB and
+ *    never read a reply, held open for 3 s.
+ * Checks: the good clients get every reply right and keep making progress
+ * during each round; lnormd's RSS after round 3 is within max(16 MiB, 15%)
+ * of its RSS after round 1 (a leak per abandoned request would grow it by
+ * ~40 MiB a round); lnormd is alive after, and exits 0 on SIGTERM.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "harness.h"
+#include "loadgen.h"
+#include "wire.h"
+
+#define BIG_ROWS 256
+#define BIG_HIDDEN 1024 /* 1 MiB of f32 */
+
+static const char *g_tcp;
+
+static void set_timeouts(int fd, int ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* 1 when the server closes fd within ms (reads and discards until EOF). */
+static int closed_by_server(int fd, int ms)
+{
+    int64_t end = fh_now_ms() + ms;
+    char buf[4096];
+    set_timeouts(fd, 200);
+    while (fh_now_ms() < end) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n == 0)
+            return 1;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return 1; /* reset */
+    }
+    return 0;
+}
+
+static void round_disconnect(const uint8_t *big, size_t biglen)
+{
+    for (int i = 0; i < 20; i++) {
+        nng_socket s;
+        if (nng_req0_open(&s) != 0)
+            continue;
+        if (nng_dial(s, g_tcp, NULL, 0) == 0)
+            nng_send(s, (void *)big, biglen, 0);
+        nng_close(s);
+    }
+    for (int i = 0; i < 20; i++) {
+        int fd = fw_tcp_connect(g_tcp);
+        FH_CHECK(fd >= 0, "connect %s", g_tcp);
+        if (fd < 0)
+            continue;
+        set_timeouts(fd, 2000);
+        if (fw_sp_handshake(fd, 2000) == 0)
+            fw_sp_send(fd, 7000u + (uint32_t)i, big, biglen);
+        close(fd);
+    }
+}
+
+static void round_half_frame(void)
+{
+    static const uint8_t hello[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
+    for (int i = 0; i < 10; i++) {
+        /* connect, close */
+        int fd = fw_tcp_connect(g_tcp);
+        if (fd >= 0)
+            close(fd);
+        /* half an SP header */
+        fd = fw_tcp_connect(g_tcp);
+        if (fd >= 0) {
+            fw_write_all(fd, hello, 3);
+            close(fd);
+        }
+        /* a frame header and part of the body */
+        fd = fw_tcp_connect(g_tcp);
+        if (fd >= 0) {
+            set_timeouts(fd, 2000);
+            if (fw_sp_handshake(fd, 2000) == 0) {
+                uint8_t part[12 + 1000];
+                memset(part, 0x5a, sizeof part);
+                uint64_t n = 100000;
+                for (int b = 7; b >= 0; b--, n >>= 8)
+                    part[b] = (uint8_t)n;
+                part[8] = 0x80;
+                fw_write_all(fd, part, i % 2 ? 8 : sizeof part);
+            }
+            close(fd);
+        }
+    }
+    /* A bad SP header, and a frame claiming 2^40 bytes: the server must hang up. */
+    for (int i = 0; i < 3; i++) {
+        int fd = fw_tcp_connect(g_tcp);
+        if (fd >= 0) {
+            static const uint8_t junk[8] = {'G', 'E', 'T', ' ', '/', ' ', 'H', 'T'};
+            fw_write_all(fd, junk, sizeof junk);
+            FH_CHECK(closed_by_server(fd, 5000), "server kept a connection with a bad SP header");
+            close(fd);
+        }
+        fd = fw_tcp_connect(g_tcp);
+        if (fd >= 0) {
+            set_timeouts(fd, 2000);
+            if (fw_sp_handshake(fd, 2000) == 0) {
+                uint8_t hdr[8] = {0, 0, 1, 0, 0, 0, 0, 0}; /* 2^40 */
+                fw_write_all(fd, hdr, sizeof hdr);
+                FH_CHECK(closed_by_server(fd, 5000),
+                         "server kept a connection announcing a 2^40-byte message");
+            }
+            close(fd);
+        }
+    }
+}
+
+/* Connections held open with half a frame while the good clients work. */
+static int hold_half_frames(int *fds, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        int fd = fw_tcp_connect(g_tcp);
+        if (fd < 0)
+            continue;
+        set_timeouts(fd, 2000);
+        if (fw_sp_handshake(fd, 2000) == 0) {
+            uint8_t part[8 + 4 + 100] = {0, 0, 0, 0, 0, 0, 0x10, 0, 0x80, 0, 0, 1};
+            fw_write_all(fd, part, sizeof part);
+        }
+        fds[k++] = fd;
+    }
+    return k;
+}
+
+/* 4 connections pipelining requests they never read. */
+static int hold_no_read(int *fds, const uint8_t *big, size_t biglen)
+{
+    int k = 0, sent = 0;
+    for (int c = 0; c < 4; c++) {
+        int fd = fw_tcp_connect(g_tcp);
+        if (fd < 0)
+            continue;
+        fds[k++] = fd;
+        set_timeouts(fd, 1000);
+        if (fw_sp_handshake(fd, 2000) != 0)
+            continue;
+        for (int i = 0; i < 48; i++) {
+            if (fw_sp_send(fd, 100u * (uint32_t)c + (uint32_t)i, big, biglen) != 0)
+                break; /* send buffer full: the server stopped reading us */
+            sent++;
+        }
+    }
+    printf("no_read: %d requests pipelined on %d connections that never read\n", sent, k);
+    return k;
+}
+
+static int progress_during(fl_load *l, long before, const char *what)
+{
+    fl_stats st;
+    fl_peek(l, &st);
+    FH_CHECK(st.ok > before, "good clients made no progress during %s (ok stayed %ld)", what,
+             before);
+    return (int)(st.ok - before);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s LNORMD disconnect|half_frame|no_read\n", argv[0]);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    const char *mode = argv[2];
+    char dir[256], ipc[320];
+    if (fh_mkdtemp(dir, sizeof dir, "fault") != 0) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(ipc, sizeof ipc, "ipc://%s/lnormd.sock", dir);
+    const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--listen", ipc, "--backend", "cpu",
+                          "--cpu-threads", "1", NULL};
+    fh_daemon d;
+    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
+        fh_rmdir(dir);
+        return 1;
+    }
+    g_tcp = fh_daemon_url(&d, "tcp://");
+    const char *ipc_url = fh_daemon_url(&d, "ipc://");
+    FH_CHECK(g_tcp && ipc_url, "ready file lacks a tcp or ipc listen line");
+    if (!g_tcp || !ipc_url) {
+        fh_daemon_stop(&d, SIGKILL, 5000);
+        fh_rmdir(dir);
+        return 1;
+    }
+
+    size_t biglen = 0;
+    uint8_t *big = fw_pack_norm(1, LNORM__V1__OP__OP_LAYER_NORM, BIG_ROWS, BIG_HIDDEN, 3, NULL,
+                                &biglen);
+    fl_load *load = fl_start(ipc_url, 2, 16, 256, 10000);
+    fh_sleep_ms(1000);
+    long rss0 = fh_rss_kb(d.pid), rss[3] = {0, 0, 0};
+
+    for (int round = 0; round < 3; round++) {
+        fl_stats st;
+        fl_peek(load, &st);
+        long before = st.ok;
+        int fds[64], nfds = 0;
+        if (!strcmp(mode, "disconnect")) {
+            round_disconnect(big, biglen);
+        } else if (!strcmp(mode, "half_frame")) {
+            round_half_frame();
+            nfds = hold_half_frames(fds, 32);
+            fh_sleep_ms(1500);
+        } else if (!strcmp(mode, "no_read")) {
+            nfds = hold_no_read(fds, big, biglen);
+            fh_sleep_ms(3000);
+        } else {
+            fprintf(stderr, "unknown mode %s\n", mode);
+            return 2;
+        }
+        int got = progress_during(load, before, mode);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        fh_sleep_ms(500);
+        rss[round] = fh_rss_kb(d.pid);
+        printf("%s round %d: good replies during round %d, lnormd RSS %ld KiB\n", mode, round + 1,
+               got, rss[round]);
+        FH_CHECK(fh_daemon_alive(&d), "lnormd died in round %d", round + 1);
+        if (!fh_daemon_alive(&d))
+            break;
+    }
+
+    fl_stats st;
+    fl_stop(load, &st);
+    printf("%s: good clients: %ld ok, %ld wrong, %ld failed, slowest %lld ms; RSS KiB: "
+           "start %ld, rounds %ld %ld %ld\n",
+           mode, st.ok, st.wrong, st.failed, (long long)st.max_ms, rss0, rss[0], rss[1], rss[2]);
+    FH_CHECK(st.wrong == 0 && st.failed == 0, "good clients hit problems: %s", st.first_problem);
+    long allow = rss[0] * 15 / 100;
+    if (allow < 16 * 1024)
+        allow = 16 * 1024;
+    FH_CHECK(rss[2] > 0 && rss[2] - rss[0] <= allow,
+             "RSS grew from %ld KiB (round 1) to %ld KiB (round 3), over %ld KiB", rss[0], rss[2],
+             allow);
+
+    int status = fh_daemon_stop(&d, SIGTERM, 15000);
+    FH_CHECK(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+             "lnormd did not exit 0 on SIGTERM (wait status %d)", status);
+    if (fh_failures)
+        fh_daemon_dump_log(&d);
+    free(big);
+    fh_rmdir(dir);
+    return fh_finish(mode);
+}

@@ -1,0 +1,308 @@
+/*
+ * fault.limits: every limit answers RESOURCE_EXHAUSTED (or, for messages
+ * over the transport limit, the documented drop) and lnormd goes on serving.
+ *
+ *   fault_limits LNORMD
+ *
+ * lnormd runs with small limits: --max-message-bytes 65536 --max-rows 64
+ * --max-hidden 512 --max-params-bytes 4096 --max-queue 1
+ * --max-batch-rows 16. Checks, each followed by a correct normalize:
+ *  - rows 65: RESOURCE_EXHAUSTED; hidden 513: RESOURCE_EXHAUSTED;
+ *  - a 128 KiB request (over max-message-bytes, under the NNG limit of
+ *    max-message-bytes + 1 MiB): RESOURCE_EXHAUSTED, with its request_id;
+ *  - a 2 MiB message (over the NNG limit): no reply (NNG drops it and
+ *    closes that connection, as docs/protocol.md says), other sockets fine;
+ *  - RegisterParams of 1 KiB each: RESOURCE_EXHAUSTED once 4096 bytes are
+ *    used (within 8 tries), and after a DropParams a register succeeds;
+ *  - waves of 64 concurrent requests (NNG contexts): at least one
+ *    RESOURCE_EXHAUSTED (queue full), every other reply OK and correct;
+ *  - Health says serving at the end; SIGTERM exits 0.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "harness.h"
+#include "wire.h"
+
+static const char *g_url;
+
+static int call(nng_socket s, const uint8_t *buf, size_t len, Lnorm__V1__Response **r)
+{
+    return fw_req_call(s, buf, len, r);
+}
+
+/* The status code of the reply to buf, or -1 (no reply / transport error). */
+static int status_of(nng_socket s, const uint8_t *buf, size_t len, uint64_t want_id, char *msg,
+                     size_t msglen)
+{
+    Lnorm__V1__Response *r = NULL;
+    int rv = call(s, buf, len, &r);
+    if (rv) {
+        snprintf(msg, msglen, "%s", rv > 0 ? nng_strerror(rv) : "bad reply");
+        return -1;
+    }
+    int code = r->status ? (int)r->status->code : 0;
+    snprintf(msg, msglen, "%s", r->status && r->status->message ? r->status->message : "");
+    if (r->request_id != want_id) {
+        snprintf(msg, msglen, "reply has request_id %llu, sent %llu",
+                 (unsigned long long)r->request_id, (unsigned long long)want_id);
+        code = -2;
+    }
+    lnorm__v1__response__free_unpacked(r, NULL);
+    return code;
+}
+
+static void expect_serving(nng_socket s, const char *after)
+{
+    float *x;
+    size_t len;
+    uint8_t *buf = fw_pack_norm(99, LNORM__V1__OP__OP_LAYER_NORM, 4, 64, 5, &x, &len);
+    Lnorm__V1__Response *r = NULL;
+    int rv = call(s, buf, len, &r);
+    char why[200] = "";
+    FH_CHECK(rv == 0 && fw_check_norm(r, LNORM__V1__OP__OP_LAYER_NORM, 4, 64, x, why, sizeof why) == 0,
+             "no correct normalize after %s: %s", after, rv ? nng_strerror(rv) : why);
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    free(buf);
+    free(x);
+}
+
+static uint8_t *pack_register(uint64_t id, const char *pid, uint64_t hidden, size_t *len)
+{
+    static float g[512];
+    for (int i = 0; i < 512; i++)
+        g[i] = 1.0f + (float)i / 512.0f;
+    Lnorm__V1__Request req;
+    Lnorm__V1__RegisterParamsRequest rp;
+    lnorm__v1__request__init(&req);
+    lnorm__v1__register_params_request__init(&rp);
+    req.request_id = id;
+    req.body_case = LNORM__V1__REQUEST__BODY_REGISTER_PARAMS;
+    req.register_params = &rp;
+    rp.params_id = (char *)pid;
+    rp.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+    rp.hidden = hidden;
+    rp.gamma.data = (uint8_t *)g;
+    rp.gamma.len = hidden * 4;
+    return fw_pack(&req, len);
+}
+
+static uint8_t *pack_drop(uint64_t id, const char *pid, size_t *len)
+{
+    Lnorm__V1__Request req;
+    Lnorm__V1__DropParamsRequest dp;
+    lnorm__v1__request__init(&req);
+    lnorm__v1__drop_params_request__init(&dp);
+    req.request_id = id;
+    req.body_case = LNORM__V1__REQUEST__BODY_DROP_PARAMS;
+    req.drop_params = &dp;
+    dp.params_id = (char *)pid;
+    return fw_pack(&req, len);
+}
+
+static void check_shape_limits(nng_socket s)
+{
+    char msg[256];
+    size_t len;
+    uint8_t *buf = fw_pack_norm(11, LNORM__V1__OP__OP_LAYER_NORM, 65, 8, 1, NULL, &len);
+    int code = status_of(s, buf, len, 11, msg, sizeof msg);
+    printf("limits: rows 65 > max-rows 64 -> status %d (%s)\n", code, msg);
+    FH_CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "rows over max-rows gave %d", code);
+    free(buf);
+    expect_serving(s, "max-rows");
+
+    buf = fw_pack_norm(12, LNORM__V1__OP__OP_RMS_NORM, 1, 513, 2, NULL, &len);
+    code = status_of(s, buf, len, 12, msg, sizeof msg);
+    printf("limits: hidden 513 > max-hidden 512 -> status %d (%s)\n", code, msg);
+    FH_CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "hidden over max-hidden gave %d", code);
+    free(buf);
+    expect_serving(s, "max-hidden");
+
+    buf = fw_pack_norm(13, LNORM__V1__OP__OP_LAYER_NORM, 64, 512, 3, NULL, &len);
+    code = status_of(s, buf, len, 13, msg, sizeof msg);
+    printf("limits: %zu-byte request > max-message-bytes 65536 -> status %d (%s)\n", len, code, msg);
+    FH_CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "message over max-message-bytes gave %d",
+             code);
+    free(buf);
+    expect_serving(s, "max-message-bytes");
+}
+
+static void check_transport_limit(nng_socket good)
+{
+    nng_socket s;
+    FH_CHECK(fw_req_open(&s, g_url, 3000, 100) == 0, "open");
+    size_t len = (size_t)2 << 20;
+    uint8_t *buf = calloc(1, len);
+    buf[0] = 0x08; /* request_id = 14, then zeros (field 0: invalid anyway) */
+    buf[1] = 14;
+    Lnorm__V1__Response *r = NULL;
+    int64_t t0 = fh_now_ms();
+    int rv = call(s, buf, len, &r);
+    printf("limits: 2 MiB message (over the NNG limit) -> %s after %lld ms\n",
+           rv == 0 ? "a reply" : nng_strerror(rv), (long long)(fh_now_ms() - t0));
+    FH_CHECK(rv != 0, "a message over the transport limit got a reply (status %d)",
+             r && r->status ? (int)r->status->code : 0);
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    nng_close(s);
+    free(buf);
+    expect_serving(good, "an over-size message");
+}
+
+static void check_params_limit(nng_socket s)
+{
+    char msg[256], id[32];
+    size_t len;
+    int ok = 0, exhausted = 0;
+    for (int i = 0; i < 8 && !exhausted; i++) {
+        snprintf(id, sizeof id, "lim.p%d", i);
+        uint8_t *buf = pack_register(20 + (uint64_t)i, id, 256, &len); /* 1 KiB */
+        int code = status_of(s, buf, len, 20 + (uint64_t)i, msg, sizeof msg);
+        free(buf);
+        if (code == 0)
+            ok++;
+        else if (code == LNORM__V1__CODE__RESOURCE_EXHAUSTED)
+            exhausted = 1;
+        else
+            FH_CHECK(0, "RegisterParams %s gave status %d (%s)", id, code, msg);
+    }
+    printf("limits: %d RegisterParams of 1 KiB accepted before RESOURCE_EXHAUSTED (%s)\n", ok,
+           exhausted ? msg : "never");
+    FH_CHECK(exhausted && ok >= 1 && ok <= 4, "params memory limit 4096: %d accepted, exhausted %d",
+             ok, exhausted);
+    uint8_t *buf = pack_drop(40, "lim.p0", &len);
+    int code = status_of(s, buf, len, 40, msg, sizeof msg);
+    free(buf);
+    FH_CHECK(code == 0, "DropParams gave %d (%s)", code, msg);
+    buf = pack_register(41, "lim.again", 256, &len);
+    code = status_of(s, buf, len, 41, msg, sizeof msg);
+    free(buf);
+    FH_CHECK(code == 0, "RegisterParams after a drop gave %d (%s): memory not given back", code, msg);
+    expect_serving(s, "the params limit");
+}
+
+#define WAVE 64
+
+static void check_queue_limit(void)
+{
+    nng_socket s;
+    FH_CHECK(fw_req_open(&s, g_url, 10000, 100) == 0, "open");
+    nng_ctx ctx[WAVE];
+    nng_aio *aio[WAVE];
+    float *x[WAVE];
+    for (int i = 0; i < WAVE; i++) {
+        nng_ctx_open(&ctx[i], s);
+        nng_aio_alloc(&aio[i], NULL, NULL);
+        nng_aio_set_timeout(aio[i], 10000);
+    }
+    long ok = 0, full = 0, other = 0;
+    int waves = 0;
+    for (; waves < 20 && full == 0; waves++) {
+        for (int i = 0; i < WAVE; i++) {
+            size_t len;
+            int op = i & 1 ? LNORM__V1__OP__OP_RMS_NORM : LNORM__V1__OP__OP_LAYER_NORM;
+            uint8_t *buf = fw_pack_norm((uint64_t)i, op, 16, 512, (uint32_t)(waves * WAVE + i), &x[i], &len);
+            nng_msg *m;
+            nng_msg_alloc(&m, 0);
+            nng_msg_append(m, buf, len);
+            free(buf);
+            nng_aio_set_msg(aio[i], m);
+            nng_ctx_send(ctx[i], aio[i]);
+        }
+        for (int i = 0; i < WAVE; i++) {
+            nng_aio_wait(aio[i]);
+            if (nng_aio_result(aio[i]) != 0)
+                nng_msg_free(nng_aio_get_msg(aio[i]));
+        }
+        for (int i = 0; i < WAVE; i++)
+            nng_ctx_recv(ctx[i], aio[i]);
+        for (int i = 0; i < WAVE; i++) {
+            nng_aio_wait(aio[i]);
+            int op = i & 1 ? LNORM__V1__OP__OP_RMS_NORM : LNORM__V1__OP__OP_LAYER_NORM;
+            if (nng_aio_result(aio[i]) != 0) {
+                other++;
+                fprintf(stderr, "queue wave %d ctx %d: %s\n", waves, i,
+                        nng_strerror(nng_aio_result(aio[i])));
+            } else {
+                nng_msg *m = nng_aio_get_msg(aio[i]);
+                Lnorm__V1__Response *r = fw_unpack(nng_msg_body(m), nng_msg_len(m));
+                nng_msg_free(m);
+                char why[200];
+                if (r && r->status && r->status->code == LNORM__V1__CODE__RESOURCE_EXHAUSTED)
+                    full++;
+                else if (r && r->request_id == (uint64_t)i &&
+                         fw_check_norm(r, op, 16, 512, x[i], why, sizeof why) == 0)
+                    ok++;
+                else {
+                    other++;
+                    fprintf(stderr, "queue wave %d ctx %d: %s\n", waves, i, r ? why : "bad reply");
+                }
+                if (r)
+                    lnorm__v1__response__free_unpacked(r, NULL);
+            }
+            free(x[i]);
+        }
+    }
+    printf("limits: queue (max-queue 1): %d waves of %d: %ld ok, %ld RESOURCE_EXHAUSTED, %ld other\n",
+           waves, WAVE, ok, full, other);
+    FH_CHECK(full > 0, "no RESOURCE_EXHAUSTED in %d waves of %d concurrent requests", waves, WAVE);
+    FH_CHECK(other == 0, "%ld replies neither OK-and-correct nor RESOURCE_EXHAUSTED", other);
+    FH_CHECK(ok > 0, "no request got through");
+    for (int i = 0; i < WAVE; i++) {
+        nng_ctx_close(ctx[i]);
+        nng_aio_free(aio[i]);
+    }
+    nng_close(s);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
+        return 2;
+    }
+    char dir[256];
+    if (fh_mkdtemp(dir, sizeof dir, "limits") != 0)
+        return 1;
+    const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
+                          "--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "512",
+                          "--max-params-bytes", "4096", "--max-queue", "1", "--max-batch-rows", "16",
+                          "--contexts", "128", NULL};
+    fh_daemon d;
+    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
+        fh_rmdir(dir);
+        return 1;
+    }
+    g_url = fh_daemon_url(&d, "tcp://");
+    nng_socket s;
+    FH_CHECK(fw_req_open(&s, g_url, 5000, 100) == 0, "open");
+    expect_serving(s, "start");
+    check_shape_limits(s);
+    check_transport_limit(s);
+    check_params_limit(s);
+    check_queue_limit();
+    size_t len;
+    uint8_t *hb = fw_pack_health(77, &len);
+    Lnorm__V1__Response *r = NULL;
+    int rv = call(s, hb, len, &r);
+    FH_CHECK(rv == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_HEALTH && r->health &&
+                 r->health->serving,
+             "Health after the limits: %s", rv ? nng_strerror(rv) : "not serving");
+    if (r)
+        lnorm__v1__response__free_unpacked(r, NULL);
+    free(hb);
+    nng_close(s);
+    int st = fh_daemon_stop(&d, SIGTERM, 15000);
+    FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0 (status %d)", st);
+    if (fh_failures)
+        fh_daemon_dump_log(&d);
+    fh_rmdir(dir);
+    return fh_finish("fault.limits");
+}

@@ -1,0 +1,204 @@
+/*
+ * fault.kill9_restart: lnormd killed with SIGKILL and restarted on the same
+ * ipc path while clients keep sending.
+ *
+ *   fault_restart LNORMD
+ *
+ * Two clients loop on normalize requests over ipc://DIR/lnormd.sock: one is
+ * a plain NNG REQ socket (redial every 50 ms, resend after 2 s without a
+ * reply), one is liblnorm with its defaults (plus short reconnect times).
+ * lnormd is killed with SIGKILL after 1 s, the socket file is left behind
+ * (stale), and a new lnormd is started on the same path 500 ms later.
+ * Checks: the new lnormd starts despite the stale socket file; both
+ * clients' requests, including those sent while no server was up, all
+ * succeed with correct results (NNG redials, REQ resends the ones lost with
+ * the old connection); each client completes requests after the restart.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "harness.h"
+#include "lnorm/lnorm.h"
+#include "wire.h"
+
+#define ROWS 8
+#define HIDDEN 256
+
+static char g_url[400];
+static atomic_int g_stop;
+static atomic_llong g_restart_ms; /* when the new lnormd was ready (0: not yet) */
+
+typedef struct cstats {
+    long ok, failed, ok_after_restart;
+    char problem[512];
+} cstats;
+
+static void *nng_client(void *arg)
+{
+    cstats *st = arg;
+    nng_socket s;
+    int rv = fw_req_open(&s, g_url, 20000, 50);
+    if (rv) {
+        st->failed++;
+        snprintf(st->problem, sizeof st->problem, "open: %s", nng_strerror(rv));
+        return NULL;
+    }
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 2000);
+    for (uint32_t i = 0; !atomic_load(&g_stop); i++) {
+        float *x;
+        size_t len;
+        int op = i & 1 ? LNORM__V1__OP__OP_RMS_NORM : LNORM__V1__OP__OP_LAYER_NORM;
+        uint8_t *buf = fw_pack_norm(i, op, ROWS, HIDDEN, i, &x, &len);
+        Lnorm__V1__Response *r = NULL;
+        rv = fw_req_call(s, buf, len, &r);
+        char why[200] = "";
+        if (rv == 0 && fw_check_norm(r, op, ROWS, HIDDEN, x, why, sizeof why) == 0) {
+            st->ok++;
+            if (atomic_load(&g_restart_ms))
+                st->ok_after_restart++;
+        } else {
+            st->failed++;
+            if (!st->problem[0])
+                snprintf(st->problem, sizeof st->problem, "request %u: %s", i,
+                         rv ? (rv > 0 ? nng_strerror(rv) : "bad reply") : why);
+        }
+        if (r)
+            lnorm__v1__response__free_unpacked(r, NULL);
+        free(buf);
+        free(x);
+        fh_sleep_ms(5);
+    }
+    nng_close(s);
+    return NULL;
+}
+
+static void *lib_client(void *arg)
+{
+    cstats *st = arg;
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    o.reconnect_min_ms = 50;
+    o.reconnect_max_ms = 50;
+    o.recv_timeout_ms = 20000;
+    const char *url = g_url;
+    lnorm_client *c;
+    int rv = lnorm_client_open(&c, &url, 1, &o);
+    if (rv != LNORM_OK) {
+        st->failed++;
+        snprintf(st->problem, sizeof st->problem, "lnorm_client_open: %s", lnorm_strerror(rv));
+        return NULL;
+    }
+    float *x = malloc(ROWS * HIDDEN * sizeof *x), *y = malloc(ROWS * HIDDEN * sizeof *y);
+    for (uint32_t i = 0; !atomic_load(&g_stop); i++) {
+        for (int k = 0; k < ROWS * HIDDEN; k++)
+            x[k] = (float)((k * 37 + (int)i * 11) % 101) / 25.0f - 2.0f;
+        lnorm_normalize_req r;
+        lnorm_normalize_req_init(&r, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, ROWS, HIDDEN);
+        r.x = x;
+        r.y = y;
+        lnorm_result res;
+        rv = lnorm_normalize(c, &r, &res);
+        /* Check row 0 against a float64 reference. */
+        double mean = 0, var = 0, worst = 0;
+        for (int k = 0; k < HIDDEN; k++)
+            mean += x[k];
+        mean /= HIDDEN;
+        for (int k = 0; k < HIDDEN; k++)
+            var += (x[k] - mean) * (x[k] - mean);
+        double rstd = 1.0 / sqrt(var / HIDDEN + 1e-5);
+        for (int k = 0; rv == LNORM_OK && k < HIDDEN; k++) {
+            double e = fabs(y[k] - (x[k] - mean) * rstd);
+            if (e > worst)
+                worst = e;
+        }
+        if (rv == LNORM_OK && worst < 1e-3) {
+            st->ok++;
+            if (atomic_load(&g_restart_ms))
+                st->ok_after_restart++;
+        } else {
+            st->failed++;
+            if (!st->problem[0])
+                snprintf(st->problem, sizeof st->problem, "liblnorm call %u: %s (%s), max error %g", i,
+                         lnorm_strerror(rv), res.message, worst);
+        }
+        fh_sleep_ms(5);
+    }
+    free(x);
+    free(y);
+    lnorm_client_close(c);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
+        return 2;
+    }
+    char dir[256], sock[320];
+    if (fh_mkdtemp(dir, sizeof dir, "restart") != 0)
+        return 1;
+    snprintf(sock, sizeof sock, "%s/lnormd.sock", dir);
+    snprintf(g_url, sizeof g_url, "ipc://%s", sock);
+    const char *args[] = {"--listen", g_url, "--backend", "cpu", "--cpu-threads", "1", NULL};
+    fh_daemon d;
+    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
+        fh_rmdir(dir);
+        return 1;
+    }
+    atomic_init(&g_stop, 0);
+    atomic_init(&g_restart_ms, 0);
+    cstats a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, nng_client, &a);
+    pthread_create(&tb, NULL, lib_client, &b);
+    fh_sleep_ms(1000);
+
+    long before = a.ok + b.ok;
+    int st = fh_daemon_stop(&d, SIGKILL, 5000);
+    FH_CHECK(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "lnormd did not die of SIGKILL");
+    struct stat sb;
+    printf("restart: killed lnormd after %ld good requests; socket file %s\n", before,
+           stat(sock, &sb) == 0 ? "left behind (stale)" : "gone");
+    fh_sleep_ms(500);
+    fh_daemon d2;
+    int started = fh_daemon_start(&d2, argv[1], dir, args, 15000) == 0;
+    FH_CHECK(started, "lnormd did not start again on %s after kill -9", g_url);
+    if (started) {
+        atomic_store(&g_restart_ms, fh_now_ms());
+        fh_sleep_ms(2500);
+    }
+    atomic_store(&g_stop, 1);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    printf("restart: nng client %ld ok (%ld after restart), %ld failed; liblnorm client %ld ok (%ld "
+           "after restart), %ld failed\n",
+           a.ok, a.ok_after_restart, a.failed, b.ok, b.ok_after_restart, b.failed);
+    if (a.problem[0])
+        fprintf(stderr, "nng client: %s\n", a.problem);
+    if (b.problem[0])
+        fprintf(stderr, "liblnorm client: %s\n", b.problem);
+    FH_CHECK(a.failed == 0 && b.failed == 0, "requests failed across the restart");
+    FH_CHECK(a.ok_after_restart > 0 && b.ok_after_restart > 0,
+             "a client made no progress after the restart");
+    if (started) {
+        st = fh_daemon_stop(&d2, SIGTERM, 15000);
+        FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "restarted lnormd did not exit 0");
+        if (fh_failures)
+            fh_daemon_dump_log(&d2);
+    }
+    fh_rmdir(dir);
+    return fh_finish("fault.kill9_restart");
+}
