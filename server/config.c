@@ -53,7 +53,7 @@ static const lnorm__key lnorm__keys[] = {
     {"max-hidden", K_U64, O(max_hidden), 1, 1u << 24, "65536", "largest hidden size (at most 2^24)"},
     {"max-params-bytes", K_U64, O(max_params_bytes), 0, 1ull << 40, "268435456",
      "memory for registered parameters (RegisterParams beyond it: RESOURCE_EXHAUSTED)"},
-    {"contexts", K_U64, O(contexts), 1, 65536, "256", "NNG contexts: requests received and served at once"},
+    {"contexts", K_U64, O(contexts), 1, 65536, "1024", "NNG contexts: requests received and served at once (beyond them NNG applies back-pressure)"},
     {"drain-timeout-ms", K_U64, O(drain_timeout_ms), 0, 3600000, "10000",
      "on SIGINT/SIGTERM, longest wait for requests in flight before exiting"},
     {"log-level", K_LEVEL, offsetof(lnorm__config, log_level), sizeof(int), 0, 0, "info",

@@ -633,7 +633,9 @@ static void test_params(void)
     TS_CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 0, "register");
     TS_CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 6,
              "re-register: ALREADY_EXISTS");
-    TS_CHECK(code_free(reg(s, "big", LNORM_DTYPE_F32, 2000, tc.gamma, 8000, tc.beta, 8000)) == 8,
+    static uint8_t big[8000];
+    lnorm_test_fill(&g, big, LNORM_DTYPE_F32, 2000, 1, 0.1);
+    TS_CHECK(code_free(reg(s, "big", LNORM_DTYPE_F32, 2000, big, 8000, big, 8000)) == 8,
              "over max-params-bytes: RESOURCE_EXHAUSTED");
     TS_CHECK(code_free(reg(s, "bad", LNORM_DTYPE_F32, 1000, tc.gamma, 12, NULL, 0)) == 3, "bad gamma size");
     TS_CHECK(code_free(reg(s, "", LNORM_DTYPE_F32, 1000, tc.gamma, pb, NULL, 0)) == 3, "empty id");
