@@ -17,7 +17,7 @@
 #include "lnorm/lnorm.h"
 #include "npy.h"
 
-#define DEFAULT_URL "tcp://127.0.0.1:5555"
+#define DEFAULT_URL "tcp://127.0.0.1:7878" /* lnormd's default listen URL */
 
 static const char *usage_main =
     "usage: lnorm COMMAND [options]\n"

@@ -6,8 +6,8 @@
  *
  * Sends a total_MB (default 64) f32 LayerNorm tensor of rows x hidden
  * (default hidden 4096) with chunk sizes 256 KiB .. 16 MiB and pipeline
- * depths 1, 2, 4, 8, and prints the best time of `repeats` (default 3) runs
- * and the resulting MB/s (x bytes in + y bytes out per second). Every run's
+ * depths 1, 2, 4, 8, `repeats` (default 5) runs of each, round-robin, and
+ * prints the median and best times and MB/s (x bytes in + y bytes out). Every run's
  * output is compared with the first run's: the result must not depend on
  * the chunking.
  */
@@ -34,7 +34,7 @@ int main(int argc, char **argv)
     const char *url = argv[1];
     size_t mb = argc > 2 ? strtoul(argv[2], NULL, 10) : 64;
     uint64_t hidden = argc > 3 ? strtoull(argv[3], NULL, 10) : 4096;
-    int reps = argc > 4 ? atoi(argv[4]) : 3;
+    int reps = argc > 4 ? atoi(argv[4]) : 5;
     if (mb == 0 || hidden == 0 || reps <= 0) {
         fprintf(stderr, "bad arguments\n");
         return 2;
@@ -50,58 +50,76 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < n; i++)
         x[i] = (float)rand() / (float)RAND_MAX * 4.0f - 2.0f;
 
-    static const size_t chunks[] = {256u << 10, 512u << 10, 1u << 20, 2u << 20,
-                                    4u << 20,  8u << 20,   16u << 20};
-    static const int depths[] = {1, 2, 4, 8};
-    int have_ref = 0, bad = 0;
-    printf("# %llu rows x %llu hidden f32 LayerNorm (%.1f MiB of x), best of %d\n",
-           (unsigned long long)rows, (unsigned long long)hidden, (double)n * 4 / (1 << 20), reps);
-    printf("%10s %6s %8s %10s %10s\n", "chunk_KiB", "depth", "chunks", "best_ms", "MB/s");
-    for (size_t d = 0; d < sizeof depths / sizeof depths[0]; d++) {
+    enum { NC = 7, ND = 4, MAXREP = 64 };
+    static const size_t chunks[NC] = {256u << 10, 512u << 10, 1u << 20, 2u << 20,
+                                      4u << 20,   8u << 20,   16u << 20};
+    static const int depths[ND] = {1, 2, 4, 8};
+    static double t[ND][NC][MAXREP];
+    static uint32_t nch[NC];
+    if (reps > MAXREP)
+        reps = MAXREP;
+    lnorm_client *cl[ND];
+    for (int d = 0; d < ND; d++) {
         lnorm_client_opts o;
         lnorm_client_opts_init(&o);
         o.pipeline_depth = depths[d];
         o.recv_timeout_ms = 120000;
-        lnorm_client *c;
-        int rv = lnorm_client_open(&c, &url, 1, &o);
+        int rv = lnorm_client_open(&cl[d], &url, 1, &o);
         if (rv != LNORM_OK) {
             fprintf(stderr, "open %s: %s\n", url, lnorm_strerror(rv));
             return 1;
         }
-        for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-            double best = 1e30;
-            lnorm_result res;
-            for (int r = 0; r < reps; r++) {
+    }
+    int have_ref = 0, bad = 0;
+    /* Round-robin over every configuration, rep after rep, so that load
+     * changes on the machine spread evenly over the configurations. */
+    for (int r = 0; r < reps; r++)
+        for (int d = 0; d < ND; d++)
+            for (int k = 0; k < NC; k++) {
                 lnorm_normalize_req q;
                 lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, rows, hidden);
                 q.x = x;
                 q.y = y;
                 q.chunk_bytes = chunks[k];
                 memset(y, 0xff, n * 4);
+                lnorm_result res;
                 double t0 = now_s();
-                rv = lnorm_normalize(c, &q, &res);
-                double t = now_s() - t0;
+                int rv = lnorm_normalize(cl[d], &q, &res);
+                t[d][k][r] = now_s() - t0;
                 if (rv != LNORM_OK) {
                     fprintf(stderr, "normalize (chunk %zu, depth %d): %s: %s\n", chunks[k],
                             depths[d], lnorm_strerror(rv), res.message);
-                    lnorm_client_close(c);
                     return 1;
                 }
+                nch[k] = res.chunks;
                 if (!have_ref) {
                     memcpy(ref, y, n * 4);
                     have_ref = 1;
                 } else if (memcmp(ref, y, n * 4) != 0) {
                     bad = 1;
                 }
-                if (t < best)
-                    best = t;
             }
-            printf("%10zu %6d %8u %10.1f %10.1f\n", chunks[k] >> 10, depths[d], res.chunks,
-                   best * 1e3, 2.0 * (double)n * 4 / best / 1e6);
-            fflush(stdout);
+    for (int d = 0; d < ND; d++)
+        lnorm_client_close(cl[d]);
+    printf("# %llu rows x %llu hidden f32 LayerNorm (%.1f MiB of x), %d runs each, round-robin\n",
+           (unsigned long long)rows, (unsigned long long)hidden, (double)n * 4 / (1 << 20), reps);
+    printf("# MB/s counts x in + y out: 2 * %.1f MB per call\n", (double)n * 4 / 1e6);
+    printf("%10s %6s %7s %10s %10s %10s %10s\n", "chunk_KiB", "depth", "chunks", "median_ms",
+           "best_ms", "MB/s_med", "MB/s_best");
+    for (int d = 0; d < ND; d++)
+        for (int k = 0; k < NC; k++) {
+            double *v = t[d][k];
+            for (int i = 1; i < reps; i++) /* insertion sort */
+                for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+                    double tmp = v[j];
+                    v[j] = v[j - 1];
+                    v[j - 1] = tmp;
+                }
+            double med = reps % 2 ? v[reps / 2] : 0.5 * (v[reps / 2 - 1] + v[reps / 2]);
+            printf("%10zu %6d %7u %10.1f %10.1f %10.0f %10.0f\n", chunks[k] >> 10, depths[d],
+                   nch[k], med * 1e3, v[0] * 1e3, 2.0 * (double)n * 4 / med / 1e6,
+                   2.0 * (double)n * 4 / v[0] / 1e6);
         }
-        lnorm_client_close(c);
-    }
     free(x);
     free(y);
     free(ref);

@@ -2,7 +2,7 @@
  * normalize: the smallest useful liblnorm program. LayerNorm of a small
  * random f32 tensor through lnormd, checked against a local computation.
  *
- *   normalize URL        (e.g. tcp://127.0.0.1:5555)
+ *   normalize URL        (e.g. tcp://127.0.0.1:7878)
  *
  * Exit status 0 when the server's answer matches, 1 otherwise.
  */

@@ -23,7 +23,7 @@
  * Minimal use:
  *
  *     lnorm_client *c;
- *     const char *url = "tcp://127.0.0.1:5555";
+ *     const char *url = "tcp://127.0.0.1:7878";
  *     if (lnorm_client_open(&c, &url, 1, NULL) != LNORM_OK) ...
  *     lnorm_normalize_req r;
  *     lnorm_normalize_req_init(&r, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, rows, hidden);
@@ -51,10 +51,10 @@ const char *lnorm_client_version(void);
 
 /* Default chunk size (bytes of x per chunk) for large normalize requests,
  * chosen by measurement (docs/client.md). */
-#define LNORM_DEFAULT_CHUNK_BYTES ((size_t)4 << 20)
+#define LNORM_DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
 
 /* Default number of chunks of one call in flight at once. */
-#define LNORM_DEFAULT_PIPELINE_DEPTH 4
+#define LNORM_DEFAULT_PIPELINE_DEPTH 2
 
 /* An opaque client: one socket, dialed to one or several servers. */
 typedef struct lnorm_client lnorm_client;
