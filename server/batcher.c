@@ -1,5 +1,7 @@
 /* Batch formation and the backend job life cycle. */
 #include <pthread.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +17,12 @@ struct lnorm__batcher {
     int closed;               /* loop handles closed: no more wake-ups */
     lnorm__batcher_opts opts;
     uv_async_t wake;
-    uv_timer_t timer;
+    /* The batch / deadline timer: a timerfd polled by the loop, because
+     * libuv's timers have millisecond resolution and max_queue_delay_us is
+     * in microseconds. */
+    int tfd;
+    uv_poll_t timer;
+    uint64_t timer_at;        /* armed for (monotonic ns), 0: disarmed */
     lnorm__backend *be;
     int max_inflight;
     lnorm__stats *st;
@@ -40,9 +47,32 @@ static void lnorm__on_wake(uv_async_t *h)
     lnorm__batcher_kick(h->data);
 }
 
-static void lnorm__on_timer(uv_timer_t *h)
+static void lnorm__on_timer(uv_poll_t *h, int status, int events)
 {
-    lnorm__batcher_kick(h->data);
+    lnorm__batcher *b = h->data;
+    uint64_t expirations;
+    (void)status;
+    (void)events;
+    if (read(b->tfd, &expirations, sizeof expirations) < 0) {
+        /* EAGAIN: already consumed; nothing to do but re-check. */
+    }
+    b->timer_at = 0;
+    lnorm__batcher_kick(b);
+}
+
+/* Arm the timer for the absolute monotonic time at (0: disarm). */
+static void lnorm__timer_set(lnorm__batcher *b, uint64_t at)
+{
+    if (at == b->timer_at)
+        return;
+    struct itimerspec its;
+    memset(&its, 0, sizeof its);
+    if (at) {
+        its.it_value.tv_sec = (time_t)(at / 1000000000ull);
+        its.it_value.tv_nsec = (long)(at % 1000000000ull);
+    }
+    timerfd_settime(b->tfd, at ? TFD_TIMER_ABSTIME : 0, &its, NULL);
+    b->timer_at = at;
 }
 
 int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend *be, lnorm__stats *st,
@@ -61,11 +91,22 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
     b->st = st;
     b->finish = finish;
     b->arg = arg;
-    if (uv_async_init(loop, &b->wake, lnorm__on_wake) != 0 || uv_timer_init(loop, &b->timer) != 0) {
+    b->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (b->tfd < 0 || uv_poll_init(loop, &b->timer, b->tfd) != 0) {
+        if (b->tfd >= 0)
+            close(b->tfd);
+        pthread_cond_destroy(&b->idle_cv);
         pthread_mutex_destroy(&b->mu);
         free(b);
         return LNORM_EINTERNAL;
     }
+    if (uv_async_init(loop, &b->wake, lnorm__on_wake) != 0) {
+        /* b stays allocated: the loop still references the poll handle,
+         * and the daemon exits on this error anyway. */
+        uv_close((uv_handle_t *)&b->timer, NULL);
+        return LNORM_EINTERNAL;
+    }
+    uv_poll_start(&b->timer, UV_READABLE, lnorm__on_timer);
     b->wake.data = b;
     b->timer.data = b;
     *out = b;
@@ -237,12 +278,7 @@ static void lnorm__batcher_kick(lnorm__batcher *b)
             wake_at = r->deadline_ns;
     pthread_mutex_unlock(&b->mu);
 
-    if (wake_at) {
-        uint64_t ms = wake_at > now ? (wake_at - now + 999999) / 1000000 : 0;
-        uv_timer_start(&b->timer, lnorm__on_timer, ms, 0);
-    } else {
-        uv_timer_stop(&b->timer);
-    }
+    lnorm__timer_set(b, wake_at ? (wake_at > now ? wake_at : now + 1) : 0);
     while (expired) {
         lnorm__req *r = expired;
         expired = r->next;
@@ -269,7 +305,7 @@ void lnorm__batcher_close(lnorm__batcher *b)
     pthread_mutex_lock(&b->mu);
     b->closed = 1;
     pthread_mutex_unlock(&b->mu);
-    uv_timer_stop(&b->timer);
+    uv_poll_stop(&b->timer);
     uv_close((uv_handle_t *)&b->timer, NULL);
     uv_close((uv_handle_t *)&b->wake, NULL);
 }
@@ -303,6 +339,8 @@ void lnorm__batcher_destroy(lnorm__batcher *b)
 {
     if (!b)
         return;
+    if (b->tfd >= 0)
+        close(b->tfd);
     pthread_cond_destroy(&b->idle_cv);
     pthread_mutex_destroy(&b->mu);
     free(b);
