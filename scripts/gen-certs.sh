@@ -12,6 +12,9 @@
 #   client.crt client.key          CN=lnorm-client, signed by ca
 #   rogue-ca.crt rogue-ca.key      another CA nobody trusts
 #   rogue.crt rogue.key            CN=lnorm-client, signed by rogue-ca
+#   client.pem rogue.pem           certificate + key in one file (NNG's
+#                                  NNG_OPT_TLS_CERT_KEY_FILE, liblnorm's
+#                                  tls_cert_key_file)
 # Never use these for anything but tests: the keys sit unencrypted in DIR.
 set -euo pipefail
 
@@ -57,6 +60,8 @@ leaf server localhost ca serverAuth "DNS:localhost,IP:127.0.0.1"
 leaf client lnorm-client ca clientAuth
 leaf rogue lnorm-client rogue-ca clientAuth
 rm -f ./*.srl
+cat client.crt client.key > client.pem
+cat rogue.crt rogue.key > rogue.pem
 
 # Sanity: the chain verifies, and the rogue does not.
 openssl verify -CAfile ca.crt server.crt client.crt >/dev/null
