@@ -805,6 +805,24 @@ static void test_health_info(void)
 
 /* ------------------------------------------------------------------ */
 
+/* Wait up to 5 s for needle to appear in the daemon's log. */
+static int wait_log(ts_daemon *d, const char *needle)
+{
+    static char buf[1 << 16];
+    for (int i = 0; i < 500; i++) {
+        FILE *f = fopen(d->log, "r");
+        if (f) {
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            buf[n] = 0;
+            fclose(f);
+            if (strstr(buf, needle))
+                return 1;
+        }
+        sleep_ms(10);
+    }
+    return 0;
+}
+
 static void test_config(void)
 {
     char out[16384];
@@ -871,9 +889,18 @@ static void test_config(void)
             fprintf(f, "max-rows = 10\nmax-queue-delay-us = 1000\n");
             fclose(f);
             ts_signal(&d, SIGHUP);
-            sleep_ms(100);
+            TS_CHECK(wait_log(&d, "SIGHUP: reloaded") && wait_log(&d, "max-queue-delay-us 1000"), "SIGHUP reload logged");
             r = ts_call(s, &req);
             TS_CHECK(r && ts_code(r) == 0, "serving after SIGHUP");
+            code_free(r);
+            /* A broken file on SIGHUP: logged, the running configuration kept. */
+            f = fopen(path, "w");
+            fprintf(f, "max-rows = -3\n");
+            fclose(f);
+            ts_signal(&d, SIGHUP);
+            TS_CHECK(wait_log(&d, "reload failed"), "failed reload logged");
+            r = ts_call(s, &req);
+            TS_CHECK(r && ts_code(r) == 0, "serving after a failed reload");
             code_free(r);
             nng_close(s);
         } else {
