@@ -152,12 +152,16 @@ INL V ld_param(const void *p, int64_t c, int64_t n, int dt)
 }
 
 /* One row, x dtype xdt known at compile time after inlining. */
-/* Rows up to this many bytes get the next row prefetched while their
- * output pass runs (it then overlaps DRAM with arithmetic); longer rows
- * would only push their own data out of the caches. */
-#define PREFETCH_MAX_ROW_BYTES (32u << 10)
+/* While a row's output pass runs, a later row (at least PF_AHEAD_BYTES of
+ * rows ahead) is prefetched, so DRAM works while the core computes: into
+ * L1 for rows up to PF_L1_ROW_BYTES, into L2 up to PF_L2_ROW_BYTES; longer
+ * rows would only push their own data out of the caches. */
+#define PF_AHEAD_BYTES (16u << 10)
+#define PF_L1_ROW_BYTES (32u << 10)
+#define PF_L2_ROW_BYTES (256u << 10)
 
-INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char *next_x, const char *next_r)
+INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char *next_x, const char *next_r,
+                 int pf_l1)
 {
     const int64_t H = s->hidden;
     const size_t xsz = lnorm_dtype_size(xdt);
@@ -201,10 +205,14 @@ INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char 
     nt = nt && ((uintptr_t)y % VNT_ALIGN) == 0;
     for (int64_t c = 0; c < H; c += W) {
         int64_t n = H - c < W ? H - c : W;
-        if (next_x) {
+        if (next_x && pf_l1) {
             _mm_prefetch(next_x + (size_t)c * xsz, _MM_HINT_T0);
             if (next_r)
                 _mm_prefetch(next_r + (size_t)c * xsz, _MM_HINT_T0);
+        } else if (next_x) {
+            _mm_prefetch(next_x + (size_t)c * xsz, _MM_HINT_T1);
+            if (next_r)
+                _mm_prefetch(next_r + (size_t)c * xsz, _MM_HINT_T1);
         }
         V h = n == W ? ld_full(hp, c, xdt) : ld_tail(hp, c, n, xdt);
         V t = is_ln ? VSUB(VSUB(h, K), d) : h;
@@ -232,20 +240,22 @@ void ROWS_FN(const lnorm_segment *s, int64_t r0, int64_t r1)
 {
     const int nt = (uint64_t)s->rows * (uint64_t)s->y_stride * lnorm_dtype_size(s->y_dtype) >= NT_MIN_BYTES;
     const size_t xsz = lnorm_dtype_size(s->x_dtype);
-    const int pf = (uint64_t)s->hidden * xsz <= PREFETCH_MAX_ROW_BYTES;
+    const uint64_t row_bytes = (uint64_t)s->hidden * xsz;
+    const int pf = row_bytes <= PF_L2_ROW_BYTES, pf_l1 = row_bytes <= PF_L1_ROW_BYTES;
+    const int64_t ahead = (int64_t)((PF_AHEAD_BYTES + row_bytes - 1) / row_bytes);
     for (int64_t r = r0; r < r1; r++) {
         const char *nx = NULL, *nr = NULL;
-        if (pf && r + 1 < r1) {
-            nx = (const char *)s->x + (size_t)((r + 1) * s->x_stride) * xsz;
+        if (pf && r + ahead < r1) {
+            nx = (const char *)s->x + (size_t)((r + ahead) * s->x_stride) * xsz;
             if (s->residual)
-                nr = (const char *)s->residual + (size_t)((r + 1) * s->res_stride) * xsz;
+                nr = (const char *)s->residual + (size_t)((r + ahead) * s->res_stride) * xsz;
         }
         if (s->x_dtype == LNORM_DTYPE_F32)
-            one_row(s, r, LNORM_DTYPE_F32, nt, nx, nr);
+            one_row(s, r, LNORM_DTYPE_F32, nt, nx, nr, pf_l1);
         else if (s->x_dtype == LNORM_DTYPE_F16)
-            one_row(s, r, LNORM_DTYPE_F16, nt, nx, nr);
+            one_row(s, r, LNORM_DTYPE_F16, nt, nx, nr, pf_l1);
         else
-            one_row(s, r, LNORM_DTYPE_BF16, nt, nx, nr);
+            one_row(s, r, LNORM_DTYPE_BF16, nt, nx, nr, pf_l1);
     }
     if (nt)
         _mm_sfence(); /* order the streamed stores before the caller's "done" */
