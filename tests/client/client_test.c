@@ -91,7 +91,7 @@ static void describe(char *buf, size_t n, const lnorm_test_case_cfg *c)
     snprintf(buf, n, "%s x=%s y=%s p=%s %lldx%lld eps=%g mode=%d g=%d b=%d r=%d s=%d",
              c->op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c->x_dtype),
              lnorm_dtype_name(c->y_dtype ? c->y_dtype : c->x_dtype), lnorm_dtype_name(c->param_dtype),
-             (long long)c->rows, (long long)c->hidden, (double)c->eps, c->eps_mode, c->gamma, c->beta,
+             (long long)c->rows, (long long)c->hidden, (double)(c->eps > 0 ? c->eps : LNORM_DEFAULT_EPS), c->eps_mode, c->gamma, c->beta,
              c->residual, c->stats);
 }
 

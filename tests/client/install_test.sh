@@ -5,6 +5,8 @@
 #   install_test.sh BUILD_DIR SOURCE_DIR LNORMD
 set -euo pipefail
 build=$1 src=$2 lnormd=$3
+# Extra compile/link flags for the consumer builds (a sanitized build needs them).
+xflags=${LNORM_CONSUMER_FLAGS:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/lnorm-install-XXXXXX")
 pid=
 cleanup() {
@@ -26,14 +28,15 @@ libdir=$(dirname "$(find "$tmp/prefix" -name 'liblnorm.so' | head -1)")
 
 echo "== configure + build client/examples with find_package(lnorm)"
 cmake -S "$src/client/examples" -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
-  -DCMAKE_BUILD_TYPE=Release >"$tmp/ex-config.log" || { cat "$tmp/ex-config.log"; exit 1; }
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS="$xflags" -DCMAKE_EXE_LINKER_FLAGS="$xflags" \
+  >"$tmp/ex-config.log" || { cat "$tmp/ex-config.log"; exit 1; }
 cmake --build "$tmp/ex" -j2 >"$tmp/ex-build.log" || { cat "$tmp/ex-build.log"; exit 1; }
 
 echo "== build with pkg-config"
 export PKG_CONFIG_PATH="$(dirname "$pc")"
 flags=$(pkg-config --cflags --libs lnorm)
 echo "pkg-config --cflags --libs lnorm: $flags"
-cc -std=c11 -Wall -Wextra -Werror -o "$tmp/normalize_pc" "$src/client/examples/normalize.c" $flags -lm
+cc $xflags -std=c11 -Wall -Wextra -Werror -o "$tmp/normalize_pc" "$src/client/examples/normalize.c" $flags -lm
 
 # The installed library must not need the build tree.
 if ldd "$tmp/ex/normalize" | grep -q "$build"; then
