@@ -16,7 +16,9 @@
  *    wildcard or another address;
  *  - the default ipc socket, and an ipc socket at a path given with
  *    --listen, are not writable by others (mode & 0002 == 0);
- *  - lnormd answers Health on both and exits 0 on SIGTERM.
+ *  - lnormd answers Health on both and exits 0 on SIGTERM;
+ *  - tls+tcp:// without a certificate, or with unreadable certificate
+ *    files, is refused at start (exit status 2).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -222,6 +224,22 @@ int main(int argc, char **argv)
     } else {
         FH_CHECK(0, "lnormd did not start with --listen %s --http off", url);
     }
+    /* Unsafe TLS setups are refused at start (exit status 2), never served. */
+    static const char *const bad[][12] = {
+        {"--listen", "tls+tcp://127.0.0.1:0", "--http", "off", NULL},
+        {"--listen", "tls+tcp://127.0.0.1:0", "--http", "off", "--tls-cert", "/nonexistent/server.crt",
+         "--tls-key", "/nonexistent/server.key", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fh_daemon b;
+        int rc = fh_daemon_start(&b, argv[1], dir, (const char *const *)bad[i], 10000);
+        st = rc == 0 ? fh_daemon_stop(&b, SIGKILL, 5000) : fh_daemon_stop(&b, SIGTERM, 5000);
+        printf("defaults: unsafe TLS setup %zu: %s (wait status %d)\n", i,
+               rc == 0 ? "SERVED" : "refused", st);
+        FH_CHECK(rc != 0 && st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 2,
+                 "lnormd started (or did not exit 2) with unsafe TLS setup %zu", i);
+    }
+
     if (fh_failures) {
         fh_daemon_dump_log(&d);
         fh_daemon_dump_log(&d2);
