@@ -151,6 +151,67 @@ INL V ld_param(const void *p, int64_t c, int64_t n, int dt)
     return n == W ? ld_full(p, c, dt) : ld_tail(p, c, n, dt);
 }
 
+/* What the output pass of one row needs. */
+typedef struct out_args {
+    const void *hp;
+    void *y;
+    const void *gamma, *beta;
+    int64_t H;
+    size_t xsz;
+    V K, d, rs;
+    int is_ln, nt;
+    const char *next_x, *next_r;
+    int pf_l1;
+} out_args;
+
+/* y = ((h - K) - d) * rstd * gamma + beta for one vector at column c. */
+INL V out_value(const out_args *a, V h, V g, V b)
+{
+    V t = a->is_ln ? VSUB(VSUB(h, a->K), a->d) : h;
+    V v = VMUL(t, a->rs);
+    if (a->gamma && a->beta)
+        return VFMA(v, g, b);
+    if (a->gamma)
+        return VMUL(v, g);
+    if (a->beta)
+        return VADD(v, b);
+    return v;
+}
+
+/* The output pass; xdt, ydt and pdt are constants after inlining. */
+INL void out_pass(const out_args *a, int xdt, int ydt, int pdt)
+{
+    const int64_t H = a->H, full = H - H % W;
+    const V zero = VZERO();
+    int64_t c = 0;
+    for (; c < full; c += W) {
+        if (a->next_x) {
+            if (a->pf_l1) {
+                _mm_prefetch(a->next_x + (size_t)c * a->xsz, _MM_HINT_T0);
+                if (a->next_r)
+                    _mm_prefetch(a->next_r + (size_t)c * a->xsz, _MM_HINT_T0);
+            } else {
+                _mm_prefetch(a->next_x + (size_t)c * a->xsz, _MM_HINT_T1);
+                if (a->next_r)
+                    _mm_prefetch(a->next_r + (size_t)c * a->xsz, _MM_HINT_T1);
+            }
+        }
+        V g = a->gamma ? ld_full(a->gamma, c, pdt) : zero;
+        V b = a->beta ? ld_full(a->beta, c, pdt) : zero;
+        V v = out_value(a, ld_full(a->hp, c, xdt), g, b);
+        if (a->nt)
+            st_nt(a->y, c, ydt, v);
+        else
+            st_full(a->y, c, ydt, v);
+    }
+    if (c < H) {
+        int64_t n = H - c;
+        V g = a->gamma ? ld_tail(a->gamma, c, n, pdt) : zero;
+        V b = a->beta ? ld_tail(a->beta, c, n, pdt) : zero;
+        st_tail(a->y, c, n, ydt, out_value(a, ld_tail(a->hp, c, n, xdt), g, b));
+    }
+}
+
 /* One row, x dtype xdt known at compile time after inlining. */
 /* While a row's output pass runs, a later row (at least PF_AHEAD_BYTES of
  * rows ahead) is prefetched, so DRAM works while the core computes: into
@@ -198,38 +259,18 @@ INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char 
         s->rstd[r] = rstd;
 
     char *y = (char *)s->y + (size_t)(r * s->y_stride) * lnorm_dtype_size(s->y_dtype);
-    const V K = VSET1(Kf), d = VSET1(df), rs = VSET1(rstd);
-    const int ydt = s->y_dtype, pdt = s->param_dtype;
-    const int is_ln = s->op == LNORM_OP_LAYERNORM;
     /* Non-temporal stores only change how y reaches memory, never its bits. */
     nt = nt && ((uintptr_t)y % VNT_ALIGN) == 0;
-    for (int64_t c = 0; c < H; c += W) {
-        int64_t n = H - c < W ? H - c : W;
-        if (next_x && pf_l1) {
-            _mm_prefetch(next_x + (size_t)c * xsz, _MM_HINT_T0);
-            if (next_r)
-                _mm_prefetch(next_r + (size_t)c * xsz, _MM_HINT_T0);
-        } else if (next_x) {
-            _mm_prefetch(next_x + (size_t)c * xsz, _MM_HINT_T1);
-            if (next_r)
-                _mm_prefetch(next_r + (size_t)c * xsz, _MM_HINT_T1);
-        }
-        V h = n == W ? ld_full(hp, c, xdt) : ld_tail(hp, c, n, xdt);
-        V t = is_ln ? VSUB(VSUB(h, K), d) : h;
-        V v = VMUL(t, rs);
-        if (s->gamma && s->beta)
-            v = VFMA(v, ld_param(s->gamma, c, n, pdt), ld_param(s->beta, c, n, pdt));
-        else if (s->gamma)
-            v = VMUL(v, ld_param(s->gamma, c, n, pdt));
-        else if (s->beta)
-            v = VADD(v, ld_param(s->beta, c, n, pdt));
-        if (n == W && nt)
-            st_nt(y, c, ydt, v);
-        else if (n == W)
-            st_full(y, c, ydt, v);
-        else
-            st_tail(y, c, n, ydt, v);
-    }
+    out_args a = {hp, y, s->gamma, s->beta, H, xsz, VSET1(Kf), VSET1(df), VSET1(rstd),
+                  s->op == LNORM_OP_LAYERNORM, nt, next_x, next_r, pf_l1};
+    /* Instantiate the output loop for each y dtype / parameter dtype pair. */
+    const int f32p = s->param_dtype == LNORM_DTYPE_F32;
+    if (s->y_dtype == LNORM_DTYPE_F32)
+        f32p ? out_pass(&a, xdt, LNORM_DTYPE_F32, LNORM_DTYPE_F32) : out_pass(&a, xdt, LNORM_DTYPE_F32, xdt);
+    else if (s->y_dtype == LNORM_DTYPE_F16)
+        f32p ? out_pass(&a, xdt, LNORM_DTYPE_F16, LNORM_DTYPE_F32) : out_pass(&a, xdt, LNORM_DTYPE_F16, xdt);
+    else
+        f32p ? out_pass(&a, xdt, LNORM_DTYPE_BF16, LNORM_DTYPE_F32) : out_pass(&a, xdt, LNORM_DTYPE_BF16, xdt);
 }
 
 /* y of a segment at least this large bypasses the caches (it would not stay
