@@ -3,6 +3,8 @@
 # process) and write bench/results/cpu-<date>.json: device (CPU model), date,
 # commit and every figure. Installs libdnnl-dev first when missing and run
 # as root (the oneDNN peer is skipped, not faked, when it cannot be had).
+# A second file, cpu-<date>-threadclock.json, holds single-thread figures
+# timed by the thread's CPU time (steadier on a shared machine).
 # Usage: bench/cpu/run.sh [lnorm-cpu-bench options, e.g. --runs 9 --threads 2]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,5 +52,9 @@ if ! git diff --quiet HEAD -- kernels bench/cpu 2>/dev/null; then
   commit="$commit+uncommitted-changes"
 fi
 mkdir -p bench/results
-out="bench/results/cpu-$date.json"
-"$build/bench/cpu/lnorm-cpu-bench" --json "$out" --commit "$commit" "$@"
+# Wall clock, 1 and 2 threads: the figures of record.
+"$build/bench/cpu/lnorm-cpu-bench" --json "bench/results/cpu-$date.json" --commit "$commit" "$@"
+# The same single-threaded, timed by the thread's CPU time: steadier when
+# the machine is shared (time the thread was descheduled is not counted).
+"$build/bench/cpu/lnorm-cpu-bench" --json "bench/results/cpu-$date-threadclock.json" --commit "$commit" \
+  --clock thread "$@"
