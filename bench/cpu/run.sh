@@ -48,7 +48,7 @@ cmake --build "$build" -j "$jobs" --target lnorm-cpu-bench >/dev/null
 
 date=$(date -u +%Y-%m-%d)
 commit=$(git rev-parse HEAD)
-if ! git diff --quiet HEAD -- kernels bench/cpu 2>/dev/null; then
+if ! git diff --quiet HEAD -- kernels/core kernels/cpu kernels/CMakeLists.txt bench/cpu include 2>/dev/null; then
   commit="$commit+uncommitted-changes"
 fi
 mkdir -p bench/results
