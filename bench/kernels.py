@@ -87,6 +87,13 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     total = 1 << a.elems_log2
     Hs = [1 << k for k in range(7, 19)]
+    # One compiled graph per shape: lift dynamo's recompile limit (8 by
+    # default, after which torch.compile silently falls back to eager).
+    import torch._dynamo
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 1024)
     comp_ln = torch.compile(_ln, dynamic=False)
     comp_rms = torch.compile(_rms, dynamic=False)
     compile_spent = 0.0

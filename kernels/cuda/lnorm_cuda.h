@@ -47,8 +47,9 @@ int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **wh
 int lnorm_cuda_launch_count(const lnorm_batch *b);
 
 /* The tier a segment with this x dtype and hidden size runs in (0 = the
- * smallest), and a short description of it ("warp8x8", "cluster8x512x64",
- * "stream1024") in *desc if desc is not NULL. -1 for an invalid dtype. */
+ * smallest), and a short description of it in *desc if desc is not NULL:
+ * "reg<threads per row>x<16-byte chunks per thread>cl<CTAs per row>" or
+ * "stream1024". -1 for an invalid dtype or hidden < 1. */
 int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc);
 
 /* Simple entry point for ctypes harnesses: one contiguous-or-strided

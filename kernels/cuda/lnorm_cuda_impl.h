@@ -46,29 +46,30 @@ typedef struct lnorm__kparams {
     lnorm__kseg one;
 } lnorm__kparams;
 
-/* The tiers, by hidden size. A register tier holds the row in registers:
- * TPR threads per row, E elements per thread, CL CTAs per row (a thread
- * block cluster when CL > 1). The last tier streams the row (Welford). */
-#define LNORM__TIERS(X)            \
-    X(0, 8, 8, 1)                  \
-    X(1, 16, 8, 1)                 \
-    X(2, 32, 8, 1)                 \
-    X(3, 32, 16, 1)                \
-    X(4, 32, 32, 1)                \
-    X(5, 64, 32, 1)                \
-    X(6, 128, 32, 1)               \
-    X(7, 256, 32, 1)               \
-    X(8, 512, 32, 1)               \
-    X(9, 512, 64, 1)               \
-    X(10, 512, 64, 2)              \
-    X(11, 512, 64, 4)              \
-    X(12, 512, 64, 8)
+/* The tiers, by hidden size. A register tier holds the row in registers
+ * as raw x-dtype bits: TPR threads per row, NCH 16-byte chunks per thread,
+ * CL CTAs per row (a thread block cluster when CL > 1); it holds
+ * TPR * NCH * CL * (16 / sizeof(x)) elements. The tier after the last
+ * register tier streams the row. */
+#define LNORM__TIERS(X)  \
+    X(0, 1, 4, 1)        \
+    X(1, 2, 4, 1)        \
+    X(2, 4, 4, 1)        \
+    X(3, 8, 4, 1)        \
+    X(4, 16, 4, 1)       \
+    X(5, 32, 4, 1)       \
+    X(6, 64, 4, 1)       \
+    X(7, 128, 4, 1)      \
+    X(8, 256, 4, 1)      \
+    X(9, 256, 8, 1)      \
+    X(10, 256, 8, 2)     \
+    X(11, 256, 8, 4)     \
+    X(12, 256, 8, 8)     \
+    X(13, 256, 8, 16)    \
+    X(14, 512, 8, 16)
 
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
-#define LNORM__NREG_TIERS 13
-
-/* Largest hidden size a register tier holds (the last: 512*64*8). */
-#define LNORM__MAX_REG_HIDDEN (512 * 64 * 8)
+#define LNORM__NREG_TIERS 15
 
 /* Launch tier `tier` for x of dtype F32 / F16 / BF16 on a cudaStream_t;
  * returns the cudaError_t of the launch (0 on success). */

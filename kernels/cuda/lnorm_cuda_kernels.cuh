@@ -58,7 +58,7 @@ template <typename T, int N> __device__ __forceinline__ bool chunk_aligned(const
 /* Load the N-element chunk starting at column c0 of row p as fp32; columns
  * >= H read as 0. al: p is chunk_aligned. */
 template <typename T, int N>
-__device__ __forceinline__ void load_chunk(const T *p, int64_t c0, int64_t H, bool al, float (&v)[N])
+__device__ __forceinline__ void load_chunk(const T *p, int c0, int H, bool al, float (&v)[N])
 {
     constexpr int S = Sub<T, N>::value;
     if (al && c0 + N <= H) {
@@ -78,7 +78,7 @@ __device__ __forceinline__ void load_chunk(const T *p, int64_t c0, int64_t H, bo
 
 /* Store the N-element chunk at column c0 of row p (columns >= H untouched). */
 template <typename T, int N>
-__device__ __forceinline__ void store_chunk(T *p, int64_t c0, int64_t H, bool al, const float (&v)[N])
+__device__ __forceinline__ void store_chunk(T *p, int c0, int H, bool al, const float (&v)[N])
 {
     constexpr int S = Sub<T, N>::value;
     if (al && c0 + N <= H) {
@@ -154,11 +154,122 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], fl
     return x;
 }
 
-/* Normalize the row held in v and store y (TY) with gamma/beta of TP. */
-template <typename TY, typename TP, int NCH, int VEC, int TPR, int CL>
-__device__ __forceinline__ void emit_row(const float (&v)[NCH][VEC], const lnorm__kseg *s, int64_t r,
-                                         int64_t H, int rank, int t, float mean, float rstd)
+/* The 16 bytes of one x chunk, as raw bits or as VEC elements. */
+template <typename TX> union Raw {
+    uint4 u;
+    TX e[16 / sizeof(TX)];
+};
+
+/* Raw chunk -> VEC floats. */
+template <typename TX>
+__device__ __forceinline__ void unpack(const uint4 &u, float (&f)[16 / sizeof(TX)])
 {
+    Raw<TX> r;
+    r.u = u;
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
+        f[k] = to_f<TX>(r.e[k]);
+}
+
+/* VEC floats -> raw chunk (each rounded to TX). */
+template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16 / sizeof(TX)])
+{
+    Raw<TX> r;
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
+        r.e[k] = from_f<TX>(f[k]);
+    return r.u;
+}
+
+/* Load the x-dtype chunk at column c0 of row p as raw bits (columns >= H
+ * read as +0). al: p is 16-byte aligned. Streaming (evict-first) loads. */
+template <typename TX> __device__ __forceinline__ uint4 load_raw(const TX *p, int c0, int H, bool al)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    if (al && c0 + VEC <= H)
+        return __ldcs(reinterpret_cast<const uint4 *>(p + c0));
+    Raw<TX> r;
+    r.u = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        if (c0 + k < H)
+            r.e[k] = p[c0 + k];
+    return r.u;
+}
+
+/* Store a raw x-dtype chunk at column c0 of row p (columns >= H untouched). */
+template <typename TX> __device__ __forceinline__ void store_raw(TX *p, int c0, int H, bool al, uint4 u)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    if (al && c0 + VEC <= H) {
+        *reinterpret_cast<uint4 *>(p + c0) = u;
+        return;
+    }
+    Raw<TX> r;
+    r.u = u;
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        if (c0 + k < H)
+            p[c0 + k] = r.e[k];
+}
+
+/* One row's pointers and alignment flags. */
+template <typename TX> struct RowPtrs {
+    const TX *x;
+    const TX *res;
+    TX *res_out;
+    bool xal, ral, oal;
+};
+
+template <typename TX> __device__ __forceinline__ RowPtrs<TX> row_ptrs(const lnorm__kseg *s, int64_t r)
+{
+    RowPtrs<TX> q;
+    q.x = (const TX *)s->x + r * s->x_stride;
+    q.res = s->res ? (const TX *)s->res + r * s->res_stride : nullptr;
+    q.res_out = s->res ? (TX *)s->res_out + r * s->res_out_stride : nullptr;
+    q.xal = ((uintptr_t)q.x & 15) == 0;
+    q.ral = ((uintptr_t)q.res & 15) == 0;
+    q.oal = ((uintptr_t)q.res_out & 15) == 0;
+    return q;
+}
+
+/* Load the chunk of h at c0: x, or round_to_x(x + residual) with
+ * residual_out written. Returns raw bits of h (h is exact in x's dtype). */
+template <typename TX>
+__device__ __forceinline__ uint4 load_h(const RowPtrs<TX> &q, int c0, int H)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    uint4 u = load_raw<TX>(q.x, c0, H, q.xal);
+    if (q.res) {
+        float a[VEC], b[VEC];
+        unpack<TX>(u, a);
+        unpack<TX>(load_raw<TX>(q.res, c0, H, q.ral), b);
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            a[k] = a[k] + b[k];
+        u = pack<TX>(a);
+        store_raw<TX>(q.res_out, c0, H, q.oal, u);
+    }
+    return u;
+}
+
+/* The shift K of LayerNorm: h[0] (0 if not finite), as the CPU backend
+ * does, so that the sums see h - K (no cancellation when mean >> spread). */
+template <typename TX> __device__ __forceinline__ float row_shift(const RowPtrs<TX> &q)
+{
+    float k = to_f<TX>(q.x[0]);
+    if (q.res)
+        k = to_f<TX>(from_f<TX>(k + to_f<TX>(q.res[0])));
+    return isfinite(k) ? k : 0.0f;
+}
+
+/* Normalize the raw chunks of a row and store y (TY), gamma/beta of TP:
+ * y = ((h - K) - d) * rstd * gamma + beta (K = d = 0 for RMSNorm). */
+template <typename TX, typename TY, typename TP, int NCH, int TPR, int CL>
+__device__ __forceinline__ void emit_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H,
+                                         int rank, int t, float K, float d, float rstd)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
     TY *yr = (TY *)s->y + r * s->y_stride;
     const TP *gp = (const TP *)s->gamma;
     const TP *bp = (const TP *)s->beta;
@@ -167,84 +278,78 @@ __device__ __forceinline__ void emit_row(const float (&v)[NCH][VEC], const lnorm
     const bool bal = bp && chunk_aligned<TP, VEC>(bp);
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
-        const int64_t c0 = ((int64_t)(j * CL + rank) * TPR + t) * VEC;
+        const int c0 = ((j * CL + rank) * TPR + t) * VEC;
         if (c0 >= H)
             continue;
-        float g[VEC], b[VEC], o[VEC];
+        float f[VEC], g[VEC], b[VEC];
+        unpack<TX>(raw[j], f);
         if (gp)
             load_chunk<TP, VEC>(gp, c0, H, gal, g);
         if (bp)
             load_chunk<TP, VEC>(bp, c0, H, bal, b);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            float n = (v[j][k] - mean) * rstd;
+            float n = ((f[k] - K) - d) * rstd;
             if (gp)
                 n = n * g[k];
             if (bp)
                 n = n + b[k];
-            o[k] = n;
+            f[k] = n;
         }
-        store_chunk<TY, VEC>(yr, c0, H, yal, o);
+        store_chunk<TY, VEC>(yr, c0, H, yal, f);
+        /* Keep the compiler from hoisting every chunk's gamma/beta loads
+         * ahead (register pressure, spills); other warps hide the latency. */
+        asm volatile("" ::: "memory");
     }
 }
 
 /* Dispatch emit_row on the run-time y and parameter dtypes. */
-template <typename TX, int NCH, int VEC, int TPR, int CL>
-__device__ __forceinline__ void emit_any(const float (&v)[NCH][VEC], const lnorm__kseg *s, int64_t r,
-                                         int64_t H, int rank, int t, float mean, float rstd)
+template <typename TX, int NCH, int TPR, int CL>
+__device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H,
+                                         int rank, int t, float K, float d, float rstd)
 {
     const bool pf32 = s->param_dtype == LNORM_DTYPE_F32;
     switch (s->y_dtype) {
     case LNORM_DTYPE_F32:
         if (pf32)
-            emit_row<float, float, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_row<TX, float, float, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
         else
-            emit_row<float, TX, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_row<TX, float, TX, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
         break;
     case LNORM_DTYPE_F16:
         if (pf32)
-            emit_row<__half, float, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_row<TX, __half, float, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
         else
-            emit_row<__half, TX, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_row<TX, __half, TX, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
         break;
     default:
         if (pf32)
-            emit_row<__nv_bfloat16, float, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_row<TX, __nv_bfloat16, float, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
         else
-            emit_row<__nv_bfloat16, TX, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_row<TX, __nv_bfloat16, TX, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
         break;
     }
 }
 
-/* Load one chunk of h: x, or round_to_x(x + residual) with residual_out
- * written. */
-template <typename TX, int VEC>
-__device__ __forceinline__ void load_h(const TX *xr, bool xal, const TX *rr, bool ral, TX *ror, bool oal,
-                                       int64_t c0, int64_t H, float (&v)[VEC])
-{
-    load_chunk<TX, VEC>(xr, c0, H, xal, v);
-    if (rr) {
-        float a[VEC];
-        load_chunk<TX, VEC>(rr, c0, H, ral, a);
-#pragma unroll
-        for (int k = 0; k < VEC; k++)
-            v[k] = to_f<TX>(from_f<TX>(v[k] + a[k]));
-        store_chunk<TX, VEC>(ror, c0, H, oal, v);
-    }
-}
+/* CTA size and minimum resident CTAs of a register tier: a register budget
+ * of 80 a thread for 4 chunks, 128 for 8 (what they need without spills). */
+template <int TPR, int NCH> struct RegShape {
+    static constexpr int block = TPR > 128 ? TPR : 128;
+    static constexpr int regs = NCH <= 4 ? 80 : 128;
+    static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
+};
 
-/* Register tiers: a row held in registers by TPR threads (x E elements),
- * BLOCK / TPR rows per CTA, or one row over a cluster of CL CTAs. Loops
- * over rows (uniformly per CTA / cluster) until the launch's rows are done. */
-template <typename TX, int TPR, int E, int CL>
-__global__ void __launch_bounds__(TPR > 128 ? TPR : 128, 1)
+/* Register tiers: a row held in registers as raw x-dtype chunks by TPR
+ * threads (NCH 16-byte chunks each), BLOCK / TPR rows per CTA, or one row
+ * over a cluster of CL CTAs. Loops over rows (uniformly per CTA / cluster)
+ * until the launch's rows are done. */
+template <typename TX, int TPR, int NCH, int CL>
+__global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>::min_blocks)
     k_reg(const __grid_constant__ lnorm__kparams p)
 {
-    constexpr int BLOCK = TPR > 128 ? TPR : 128;
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
-    constexpr int NCH = E / VEC;
     constexpr int RPC = BLOCK / TPR;
-    static_assert(E % VEC == 0, "E must be a multiple of the vector width");
     __shared__ float red[2][BLOCK / 32];
     __shared__ float cred[2];
     const int t = (int)(threadIdx.x % TPR);
@@ -258,47 +363,48 @@ __global__ void __launch_bounds__(TPR > 128 ? TPR : 128, 1)
         const bool active = row < p.total_rows;
         const lnorm__kseg *s = find_seg(p, active ? row : base);
         const int64_t r = (active ? row : base) - s->row_begin;
-        const int64_t H = active ? s->hidden : 0;
+        const int H = active ? (int)s->hidden : 0; /* inactive: everything masked */
         const bool rms = s->op == LNORM_OP_RMSNORM;
+        const RowPtrs<TX> q = row_ptrs<TX>(s, r);
 
-        const TX *xr = (const TX *)s->x + r * s->x_stride;
-        const TX *rr = s->res ? (const TX *)s->res + r * s->res_stride : nullptr;
-        TX *ror = s->res ? (TX *)s->res_out + r * s->res_out_stride : nullptr;
-        const bool xal = chunk_aligned<TX, VEC>(xr);
-        const bool ral = rr && chunk_aligned<TX, VEC>(rr);
-        const bool oal = ror && chunk_aligned<TX, VEC>(ror);
-
-        float v[NCH][VEC];
+        uint4 raw[NCH];
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
-            const int64_t c0 = ((int64_t)(j * CL + rank) * TPR + t) * VEC;
-            load_h<TX, VEC>(xr, xal, rr, ral, ror, oal, c0, H, v[j]);
+            const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+            raw[j] = load_h<TX>(q, c0, H);
         }
-
-        float mean = 0.0f;
+        float K = 0.0f, d = 0.0f;
         /* With one row per CTA the op is uniform and RMSNorm skips the sum;
          * with several rows per CTA every group reduces (shuffles are
          * warp-wide), and RMSNorm ignores the result. */
         if (RPC > 1 || !rms) {
+            if (!rms && H > 0)
+                K = row_shift<TX>(q);
             float sum = 0.0f;
 #pragma unroll
-            for (int j = 0; j < NCH; j++)
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+                float f[VEC];
+                unpack<TX>(raw[j], f);
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
-                    sum += v[j][k];
+                    sum += (c0 + k < H) ? f[k] - K : 0.0f;
+            }
             sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
             par ^= 1;
             if (!rms)
-                mean = sum / (float)H;
+                d = sum / (float)H;
         }
         float sq = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
-            const int64_t c0 = ((int64_t)(j * CL + rank) * TPR + t) * VEC;
+            const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+            float f[VEC];
+            unpack<TX>(raw[j], f);
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                const float d = (c0 + k < H) ? v[j][k] - mean : 0.0f;
-                sq += d * d;
+                const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
+                sq += e * e;
             }
         }
         sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, par);
@@ -306,143 +412,125 @@ __global__ void __launch_bounds__(TPR > 128 ? TPR : 128, 1)
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
         if (active && t == 0 && rank == 0) {
             if (s->mean)
-                s->mean[r] = mean;
+                s->mean[r] = K + d;
             if (s->rstd)
                 s->rstd[r] = rstd;
         }
         if (active)
-            emit_any<TX, NCH, VEC, TPR, CL>(v, s, r, H, rank, t, mean, rstd);
+            emit_any<TX, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
     }
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
 }
 
-/* (count, mean, M2) merge of Chan et al.; b may be empty. */
-__device__ __forceinline__ void chan_merge(float &n, float &m, float &M2, float nb, float mb, float M2b)
+/* Kahan addition of v into (*s, *c). */
+__device__ __forceinline__ void kahan(float &s, float &c, float v)
 {
-    const float nn = n + nb;
-    if (nb == 0.0f)
-        return;
-    const float d = mb - m;
-    const float w = nb / nn;
-    m = m + d * w;
-    M2 = M2 + M2b + d * d * n * w;
-    n = nn;
+    const float y = v - c;
+    const float t = s + y;
+    c = (t - s) - y;
+    s = t;
 }
 
-/* Streaming tier for rows too long to hold on chip: one 1024-thread CTA per
- * row; pass 1 computes h (writing residual_out) and per-chunk statistics
- * merged with Chan's formula; pass 2 re-reads h (x, or residual_out which
- * holds exactly h) and writes y. x is read twice. */
+/* Sum of one float per thread over a 1024-thread CTA (fixed tree); every
+ * thread gets the result. buf: 33 floats of shared memory. */
+__device__ __forceinline__ float block_sum_1024(float v, float *buf)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        buf[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = buf[threadIdx.x];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0)
+            buf[32] = v;
+    }
+    __syncthreads();
+    v = buf[32];
+    __syncthreads(); /* buf reused by the next call */
+    return v;
+}
+
+/* Streaming tier for rows too long to hold on chip (beyond the largest
+ * cluster): one 1024-thread CTA per row, centred two-pass statistics over
+ * the streamed row (pass 1: d = sum(h - K) / H; pass 2: sum(((h - K) - d)^2)),
+ * per-thread sums Kahan-compensated, then pass 3 writes y. Pass 1 computes
+ * h and writes residual_out; passes 2 and 3 re-read h from there (exactly
+ * h) or from x. x is read three times (the later reads partly from L2). */
 template <typename TX>
 __global__ void __launch_bounds__(1024, 1) k_stream(const __grid_constant__ lnorm__kparams p)
 {
     constexpr int BLOCK = 1024;
     constexpr int VEC = (int)(16 / sizeof(TX));
-    __shared__ float sn[32], sm[32], sM2[32];
-    __shared__ float res_mean, res_var;
+    __shared__ float buf[33];
     const int t = threadIdx.x;
     for (int64_t row = blockIdx.x; row < p.total_rows; row += gridDim.x) {
         const lnorm__kseg *s = find_seg(p, row);
         const int64_t r = row - s->row_begin;
-        const int64_t H = s->hidden;
+        const int H = (int)s->hidden;
         const bool rms = s->op == LNORM_OP_RMSNORM;
-        const TX *xr = (const TX *)s->x + r * s->x_stride;
-        const TX *rr = s->res ? (const TX *)s->res + r * s->res_stride : nullptr;
-        TX *ror = s->res ? (TX *)s->res_out + r * s->res_out_stride : nullptr;
-        const bool xal = chunk_aligned<TX, VEC>(xr);
-        const bool ral = rr && chunk_aligned<TX, VEC>(rr);
-        const bool oal = ror && chunk_aligned<TX, VEC>(ror);
+        const RowPtrs<TX> q = row_ptrs<TX>(s, r);
+        const TX *hr = q.res ? q.res_out : q.x;
+        const bool hal = q.res ? q.oal : q.xal;
+        const float K = rms ? 0.0f : row_shift<TX>(q);
 
-        float n = 0.0f, m = 0.0f, M2 = 0.0f;
-        for (int64_t c0 = (int64_t)t * VEC; c0 < H; c0 += (int64_t)BLOCK * VEC) {
-            float v[VEC];
-            load_h<TX, VEC>(xr, xal, rr, ral, ror, oal, c0, H, v);
-            const int cnt = (int)(H - c0 < VEC ? H - c0 : VEC);
-            if (rms) {
+        float s1 = 0.0f, c1 = 0.0f;
+        for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
+            float f[VEC];
+            unpack<TX>(load_h<TX>(q, c0, H), f);
+            float cs = 0.0f;
 #pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    M2 += v[k] * v[k]; /* masked columns are 0 */
-            } else {
+            for (int k = 0; k < VEC; k++)
+                cs += (c0 + k < H) ? (rms ? f[k] * f[k] : f[k] - K) : 0.0f;
+            kahan(s1, c1, cs);
+        }
+        const float S1 = block_sum_1024(s1, buf);
+        float d = 0.0f, var;
+        if (rms) {
+            var = S1 / (float)H;
+        } else {
+            d = S1 / (float)H;
+            float s2 = 0.0f, c2 = 0.0f;
+            for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
+                float f[VEC];
+                unpack<TX>(load_raw<TX>(hr, c0, H, hal), f);
                 float cs = 0.0f;
 #pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    cs += v[k];
-                const float cm = cs / (float)cnt;
-                float c2 = 0.0f;
-#pragma unroll
                 for (int k = 0; k < VEC; k++) {
-                    const float d = (k < cnt) ? v[k] - cm : 0.0f;
-                    c2 += d * d;
+                    const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
+                    cs += e * e;
                 }
-                chan_merge(n, m, M2, (float)cnt, cm, c2);
+                kahan(s2, c2, cs);
             }
+            var = block_sum_1024(s2, buf) / (float)H;
         }
-        /* Merge over the warp, then over the 32 warps (fixed trees). */
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float nb = __shfl_xor_sync(0xffffffffu, n, o);
-            const float mb = __shfl_xor_sync(0xffffffffu, m, o);
-            const float M2b = __shfl_xor_sync(0xffffffffu, M2, o);
-            if (rms)
-                M2 += M2b;
-            else
-                chan_merge(n, m, M2, nb, mb, M2b);
-        }
-        if ((t & 31) == 0) {
-            sn[t / 32] = n;
-            sm[t / 32] = m;
-            sM2[t / 32] = M2;
-        }
-        __syncthreads();
-        if (t < 32) {
-            n = sn[t];
-            m = sm[t];
-            M2 = sM2[t];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float nb = __shfl_xor_sync(0xffffffffu, n, o);
-                const float mb = __shfl_xor_sync(0xffffffffu, m, o);
-                const float M2b = __shfl_xor_sync(0xffffffffu, M2, o);
-                if (rms)
-                    M2 += M2b;
-                else
-                    chan_merge(n, m, M2, nb, mb, M2b);
-            }
-            if (t == 0) {
-                res_mean = rms ? 0.0f : m;
-                res_var = M2 / (float)H;
-            }
-        }
-        __syncthreads();
-        const float mean = res_mean;
-        const float rstd = make_rstd(res_var, s->eps, s->eps_mode);
+        const float rstd = make_rstd(var, s->eps, s->eps_mode);
         if (t == 0) {
             if (s->mean)
-                s->mean[r] = mean;
+                s->mean[r] = K + d;
             if (s->rstd)
                 s->rstd[r] = rstd;
         }
-        /* Pass 2: h again (each thread re-reads the chunks it wrote). */
-        const TX *hr = ror ? ror : xr;
-        const bool hal = ror ? oal : xal;
-        for (int64_t c0 = (int64_t)t * VEC; c0 < H; c0 += (int64_t)BLOCK * VEC) {
-            float v[1][VEC];
-            load_chunk<TX, VEC>(hr, c0, H, hal, v[0]);
-            /* emit_any with NCH = 1, TPR = 1, CL = 1 maps chunk 0 of
-             * "thread" c0 / VEC to column c0. */
-            emit_any<TX, 1, VEC, 1, 1>(v, s, r, H, 0, (int)(c0 / VEC), mean, rstd);
+        for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
+            uint4 raw[1] = {load_raw<TX>(hr, c0, H, hal)};
+            /* emit_any with NCH = 1, TPR = 1, CL = 1: "thread" c0 / VEC
+             * maps to column c0. */
+            emit_any<TX, 1, 1, 1>(raw, s, r, H, 0, c0 / VEC, K, d, rstd);
         }
-        __syncthreads(); /* res_mean/res_var reused by the next row */
     }
 }
 
 /* Launch one register tier; grid capped at a few waves of resident CTAs
  * (clusters: the number of co-resident clusters). Returns the CUDA error. */
-template <typename TX, int TPR, int E, int CL>
+template <typename TX, int TPR, int NCH, int CL>
 static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
 {
-    constexpr int BLOCK = TPR > 128 ? TPR : 128;
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
     static int cache[64]; /* per device: occupancy (CTAs/SM or clusters), 0 = unknown */
     int dev = 0, sms = 0;
@@ -452,7 +540,7 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
     e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
         return e;
-    auto kern = k_reg<TX, TPR, E, CL>;
+    auto kern = k_reg<TX, TPR, NCH, CL>;
     if constexpr (CL == 1) {
         int occ = dev < 64 ? cache[dev] : 0;
         if (occ <= 0) {
@@ -483,6 +571,11 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
         cfg.numAttrs = 1;
         int ncl = dev < 64 ? cache[dev] : 0;
         if (ncl <= 0) {
+            if (CL > 8) {
+                e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+                if (e != cudaSuccess)
+                    return e;
+            }
             cfg.gridDim = dim3(CL * sms, 1, 1);
             e = cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg);
             if (e != cudaSuccess)
@@ -515,14 +608,18 @@ template <typename TX> static cudaError_t launch_stream(const lnorm__kparams *p,
     return cudaGetLastError();
 }
 
-/* Launch tier `tier` for x of type TX. */
+/* Launch tier `tier` for x of type TX. The 16-CTA cluster tier needs a
+ * non-portable cluster size; where the device refuses it, the streaming
+ * tier runs instead. */
 template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p, void *stream)
 {
     cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e;
     switch (tier) {
-#define LNORM__CASE(i, tpr, e, cl) \
-    case i:                        \
-        return (int)launch_reg<TX, tpr, e, cl>(p, st);
+#define LNORM__CASE(i, tpr, nch, cl)                 \
+    case i:                                          \
+        e = launch_reg<TX, tpr, nch, cl>(p, st);     \
+        break;
         LNORM__TIERS(LNORM__CASE)
 #undef LNORM__CASE
     case LNORM__NREG_TIERS:
@@ -530,6 +627,11 @@ template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p,
     default:
         return (int)cudaErrorInvalidValue;
     }
+    if (e != cudaSuccess && tier == LNORM__NREG_TIERS - 1) {
+        (void)cudaGetLastError();
+        return (int)launch_stream<TX>(p, st);
+    }
+    return (int)e;
 }
 
 } // namespace lnorm_cuda

@@ -16,15 +16,15 @@ struct lnorm_cuda_ws {
     int pending;         /* an upload was recorded and not yet waited for */
 };
 
-/* Capacities of the register tiers, in elements (TPR * E * CL). */
+/* Capacities of the register tiers, in 16-byte chunks (TPR * NCH * CL). */
 static const int64_t lnorm__tier_cap[LNORM__NREG_TIERS] = {
-#define LNORM__CAP(i, tpr, e, cl) (int64_t)(tpr) * (e) * (cl),
+#define LNORM__CAP(i, tpr, nch, cl) (int64_t)(tpr) * (nch) * (cl),
     LNORM__TIERS(LNORM__CAP)
 #undef LNORM__CAP
 };
 
 static const char *const lnorm__tier_desc[LNORM__NREG_TIERS + 1] = {
-#define LNORM__DESC(i, tpr, e, cl) "reg" #tpr "x" #e "cl" #cl,
+#define LNORM__DESC(i, tpr, nch, cl) "reg" #tpr "x" #nch "cl" #cl,
     LNORM__TIERS(LNORM__DESC)
 #undef LNORM__DESC
     "stream1024"};
@@ -33,9 +33,11 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
 {
     if (!lnorm_dtype_size(x_dtype) || hidden < 1)
         return -1;
+    const int64_t vec = 16 / (int64_t)lnorm_dtype_size(x_dtype);
+    const int64_t chunks = (hidden + vec - 1) / vec;
     int t = LNORM__NREG_TIERS;
     for (int i = 0; i < LNORM__NREG_TIERS; i++)
-        if (hidden <= lnorm__tier_cap[i]) {
+        if (chunks <= lnorm__tier_cap[i]) {
             t = i;
             break;
         }

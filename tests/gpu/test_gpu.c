@@ -30,7 +30,7 @@
 static const int64_t small_h[] = {1, 2, 3, 63, 64, 65, 127, 1000, 4096, 4097};
 static const int64_t quick_h[] = {1, 65, 1000, 4097};
 /* One size inside every tier, the clusters and the streaming tier. */
-static const int64_t tier_h[] = {200, 300, 1500, 3000, 8000, 12000, 20000, 40000, 100000, 131072, 300000, 1048577};
+static const int64_t tier_h[] = {30, 100, 200, 300, 1500, 3000, 8000, 12000, 20000, 40000, 100000, 131072, 300000, 500000, 1048577};
 static const int64_t big_h[] = {65536, 262144};
 static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
 
