@@ -7,13 +7,15 @@ gen=${1:?usage: check-corpus.sh GEN_BINARY [--update]}
 src=$(cd "$(dirname "$0")" && pwd)/corpus
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/server_request" "$tmp/client_response"
+dirs="server_request client_response client_wire"
+for d in $dirs; do mkdir -p "$tmp/$d"; done
 "$gen" "$tmp" >/dev/null
 if [ "${2:-}" = "--update" ]; then
-  mkdir -p "$src/server_request" "$src/client_response"
-  rm -f "$src"/server_request/*.pb "$src"/client_response/*.pb
-  cp "$tmp"/server_request/*.pb "$src/server_request/"
-  cp "$tmp"/client_response/*.pb "$src/client_response/"
+  for d in $dirs; do
+    mkdir -p "$src/$d"
+    rm -f "$src/$d"/*.pb
+    cp "$tmp/$d"/*.pb "$src/$d/"
+  done
   echo "check-corpus: updated $(ls "$tmp"/*/*.pb | wc -l) seeds in $src"
   exit 0
 fi

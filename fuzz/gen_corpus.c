@@ -6,7 +6,9 @@
  * Serializes, with protobuf-c and the real schema (proto/lnorm.proto),
  * valid and edge-case messages of both directions:
  *   OUTDIR/server_request/<name>.pb   lnorm.v1.Request   (what lnormd decodes)
- *   OUTDIR/client_response/<name>.pb  lnorm.v1.Response  (what the client decodes)
+ *   OUTDIR/client_response/<name>.pb  6-byte call header + lnorm.v1.Response
+ *                                     (fuzz_client_response.c: the whole client)
+ *   OUTDIR/client_wire/<name>.pb      lnorm.v1.Response (fuzz_client_wire.c)
  * Output is deterministic (fixed payloads, no clock), so regenerating the
  * committed seeds gives identical files. The directories must exist.
  */
@@ -392,6 +394,7 @@ static void hdr(int kind, int flags, int xdt, int rows, int hidden)
 static void put_resp(const char *name, const Lnorm__V1__Response *r)
 {
     write_msg("client_response", name, &r->base, g_hdr, sizeof g_hdr);
+    write_msg("client_wire", name, &r->base, NULL, 0);
 }
 
 static void gen_responses(void)
@@ -552,7 +555,7 @@ static void gen_responses(void)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s OUTDIR (with OUTDIR/server_request and OUTDIR/client_response)\n",
+        fprintf(stderr, "usage: %s OUTDIR (with server_request, client_response, client_wire in it)\n",
                 argv[0]);
         return 2;
     }

@@ -18,7 +18,7 @@ shift || true
 build=${FUZZ_BUILD:-build-fuzz}
 jobs=${FUZZ_JOBS:-2}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(server_request client_response)
+[ ${#targets[@]} -eq 0 ] && targets=(server_request client_response client_wire)
 
 # clang and its libFuzzer runtime (Debian: clang, libclang-rt-14-dev).
 cc=${CC:-}
@@ -76,7 +76,7 @@ for t in "${targets[@]}"; do
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
-  crashes=$(ls "$build/artifacts/$t-"* 2>/dev/null | wc -l)
+  crashes=$(find "$build/artifacts" -name "$t-*" -type f | wc -l)
   echo "fuzz.sh: fuzz_$t: exit $rc, executions ${execs:-?}, cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?}, artifacts $crashes"
   if [ $rc -ne 0 ]; then
     fail=1

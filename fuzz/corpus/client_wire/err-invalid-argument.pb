@@ -1,0 +1,1 @@
+ê@<normalize.x: 63 bytes, expected 64 (rows 2 x hidden 8 x f32)

@@ -1,0 +1,1 @@
+êshutting down
