@@ -54,6 +54,8 @@ static const lnorm__key lnorm__keys[] = {
     {"max-params-bytes", K_U64, O(max_params_bytes), 0, 1ull << 40, "268435456",
      "memory for registered parameters (RegisterParams beyond it: RESOURCE_EXHAUSTED)"},
     {"contexts", K_U64, O(contexts), 1, 65536, "1024", "NNG contexts: requests received and served at once (beyond them NNG applies back-pressure)"},
+    {"send-timeout-ms", K_U64, O(send_timeout_ms), 1, 3600000, "10000",
+     "a reply not taken by its client within this time is dropped (frees the context)"},
     {"drain-timeout-ms", K_U64, O(drain_timeout_ms), 0, 3600000, "10000",
      "on SIGINT/SIGTERM, longest wait for requests in flight before exiting"},
     {"log-level", K_LEVEL, offsetof(lnorm__config, log_level), sizeof(int), 0, 0, "info",

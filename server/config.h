@@ -34,6 +34,7 @@ typedef struct lnorm__config {
     uint64_t max_params_bytes;
     uint64_t contexts;
     uint64_t drain_timeout_ms;
+    uint64_t send_timeout_ms;
     int log_level;
     char config_file[LNORM__STR_MAX];
     char tls_cert[LNORM__STR_MAX];

@@ -30,7 +30,7 @@ typedef struct lnorm__daemon {
     lnorm__http *http;
     lnorm__stats stats;
     atomic_int serving;            /* 1 once ready, 0 while draining */
-    int draining;
+    atomic_int draining;           /* SIGINT/SIGTERM seen */
     int stopping;                  /* the loop's handles are closing */
     uint64_t drain_start_ns;
     uint64_t last_stats_log_ns;

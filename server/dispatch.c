@@ -213,6 +213,12 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     Lnorm__V1__Request *m = dec.msg;
     Lnorm__V1__Response r = LNORM__V1__RESPONSE__INIT;
     r.request_id = dec.request_id;
+    if (atomic_load(&d->draining) && dec.kind != LNORM__REQ_HEALTH && dec.kind != LNORM__REQ_INFO) {
+        /* Received after SIGTERM: not started, so that the drain ends. */
+        lnorm__reply_error(d, slot, dec.request_id, LNORM_EUNAVAIL, "lnormd is shutting down (draining)");
+        lnorm__codec_decoded_free(&dec);
+        return;
+    }
     switch (dec.kind) {
     case LNORM__REQ_NORMALIZE:
         lnorm__do_normalize(d, slot, &dec, recv_ns);

@@ -4,6 +4,7 @@
  * (codec.c) -> batcher.c -> backend_*.c -> dispatch.c -> transport.c.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,21 @@
 #include "log.h"
 
 #define LNORM__HOUSEKEEPING_MS 50
-#define LNORM__DRAIN_QUIET_NS (100ull * 1000000ull)
+
+/* Tear-down watchdog: NNG's nng_close can, rarely, hang while peers keep
+ * sending (seen with NNG 1.5.2 under load; nanomsg/nng#1813 is similar).
+ * Everything has been answered by then, so after a bound we exit anyway. */
+#define LNORM__TEARDOWN_BOUND_S 3
+static int lnorm__exit_code;
+
+static void *lnorm__teardown_watchdog(void *arg)
+{
+    (void)arg;
+    sleep(LNORM__TEARDOWN_BOUND_S);
+    LOG_WARN("tear-down still blocked in NNG after %d s; exiting (%d)", LNORM__TEARDOWN_BOUND_S, lnorm__exit_code);
+    _exit(lnorm__exit_code);
+    return NULL;
+}
 
 static int lnorm__metrics_hook(void *arg, char **out, size_t *len)
 {
@@ -79,12 +94,11 @@ static void lnorm__on_housekeeping(uv_timer_t *t)
 {
     lnorm__daemon *d = t->data;
     uint64_t now = lnorm__now_ns();
-    if (d->draining) {
-        int idle = lnorm__transport_busy(d->tp) == 0 && lnorm__batcher_idle(d->batcher);
-        int quiet = now - lnorm__transport_last_recv_ns(d->tp) >= LNORM__DRAIN_QUIET_NS &&
-                    now - d->drain_start_ns >= LNORM__DRAIN_QUIET_NS;
-        if (idle && quiet) {
-            LOG_INFO("drained: every request answered; exiting");
+    if (atomic_load(&d->draining)) {
+        /* Contexts stop receiving once they have replied, so busy falls to
+         * 0 once everything received is answered. */
+        if (lnorm__transport_busy(d->tp) == 0 && lnorm__batcher_idle(d->batcher)) {
+            LOG_INFO("drained: every request received was answered; exiting");
             lnorm__stop_loop(d);
             return;
         }
@@ -137,13 +151,14 @@ static void lnorm__on_signal(uv_signal_t *h, int signum)
                  (unsigned long long)d->cfg.max_batch_bytes, (unsigned long long)d->cfg.max_queue);
         return;
     }
-    if (d->draining) {
+    if (atomic_load(&d->draining)) {
         LOG_WARN("second %s while draining: exiting now", signum == SIGINT ? "SIGINT" : "SIGTERM");
         lnorm__stop_loop(d);
         return;
     }
-    LOG_INFO("%s: draining (no new connections; answering everything in flight)", signum == SIGINT ? "SIGINT" : "SIGTERM");
-    d->draining = 1;
+    LOG_INFO("%s: draining: no new connections; requests in hand are answered, later ones get UNAVAILABLE",
+             signum == SIGINT ? "SIGINT" : "SIGTERM");
+    atomic_store(&d->draining, 1);
     d->drain_start_ns = lnorm__now_ns();
     atomic_store(&d->serving, 0);
     lnorm__transport_drain(d->tp);
@@ -254,6 +269,12 @@ int main(int argc, char **argv)
     exit_code = 0;
 
 out_http:
+    lnorm__exit_code = exit_code;
+    {
+        pthread_t wd;
+        if (pthread_create(&wd, NULL, lnorm__teardown_watchdog, NULL) == 0)
+            pthread_detach(wd);
+    }
     lnorm__http_stop(d->http);
 out_transport:
     /* Nothing is in flight after a clean drain. After a drain timeout the

@@ -38,11 +38,13 @@ struct lnorm__transport {
     atomic_int closing;
     atomic_int busy;
     atomic_uint_fast64_t last_recv_ns;
+    nng_duration send_timeout_ms;
 };
 
 static void lnorm__slot_recv(lnorm__slot *s)
 {
     s->state = SLOT_RECV;
+    nng_aio_set_timeout(s->aio, NNG_DURATION_INFINITE);
     nng_ctx_recv(s->ctx, s->aio);
 }
 
@@ -60,9 +62,10 @@ static void lnorm__slot_cb(void *arg)
             if (rv != NNG_ECLOSED)
                 LOG_DEBUG("reply not sent: %s", nng_strerror(rv));
         }
-        atomic_fetch_sub(&tp->busy, 1);
-        if (!atomic_load(&tp->closing) && rv != NNG_ECLOSED)
+        /* While draining, a context that has replied receives no more. */
+        if (!atomic_load(&tp->closing) && !atomic_load(&tp->draining) && rv != NNG_ECLOSED)
             lnorm__slot_recv(s);
+        atomic_fetch_sub(&tp->busy, 1);
         return;
     }
     if (rv != 0) {
@@ -84,11 +87,14 @@ void lnorm__transport_reply(void *slot, nng_msg *msg)
 {
     lnorm__slot *s = slot;
     if (!msg) {
+        if (!atomic_load(&s->tp->draining) && !atomic_load(&s->tp->closing))
+            lnorm__slot_recv(s);
         atomic_fetch_sub(&s->tp->busy, 1);
-        lnorm__slot_recv(s);
         return;
     }
     s->state = SLOT_SEND;
+    /* A peer that does not read cannot hold a context forever. */
+    nng_aio_set_timeout(s->aio, s->tp->send_timeout_ms);
     nng_aio_set_msg(s->aio, msg);
     nng_ctx_send(s->ctx, s->aio);
 }
@@ -215,6 +221,7 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
         return LNORM_ENOMEM;
     tp->on_msg = fn;
     tp->arg = arg;
+    tp->send_timeout_ms = (nng_duration)cfg->send_timeout_ms;
     int rc = LNORM_OK, rv;
     if ((rv = nng_rep0_open(&tp->sock)) != 0) {
         snprintf(err, errlen, "rep0 socket: %s", nng_strerror(rv));

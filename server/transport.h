@@ -31,7 +31,8 @@ int lnorm__transport_nlisteners(const lnorm__transport *tp);
 const char *lnorm__transport_url(const lnorm__transport *tp, int i);
 /* Send msg as the reply of slot's request (NULL: no reply, e.g. out of memory). */
 void lnorm__transport_reply(void *slot, nng_msg *msg);
-/* Refuse new connections from now on; existing ones keep being served. */
+/* Drain: refuse new connections; each context stops receiving once it has
+ * sent its current reply (requests in hand are finished). */
 void lnorm__transport_drain(lnorm__transport *tp);
 /* Requests received and not yet replied to. */
 int lnorm__transport_busy(lnorm__transport *tp);
