@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 import triton
 import triton.testing
@@ -89,7 +90,6 @@ def main():
     Hs = [1 << k for k in range(7, 19)]
     # One compiled graph per shape: lift dynamo's recompile limit (8 by
     # default, after which torch.compile silently falls back to eager).
-    import torch._dynamo
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                  "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
