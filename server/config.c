@@ -53,6 +53,8 @@ static const lnorm__key lnorm__keys[] = {
     {"max-hidden", K_U64, O(max_hidden), 1, 1u << 24, "65536", "largest hidden size (at most 2^24)"},
     {"max-params-bytes", K_U64, O(max_params_bytes), 0, 1ull << 40, "268435456",
      "memory for registered parameters (RegisterParams beyond it: RESOURCE_EXHAUSTED)"},
+    {"max-inflight-bytes", K_U64, O(max_inflight_bytes), 1 * MiB, 1ull << 40, "4294967296",
+     "payload memory (in + out) held by Normalize requests in flight; more get RESOURCE_EXHAUSTED"},
     {"contexts", K_U64, O(contexts), 1, 65536, "1024", "NNG contexts: requests received and served at once (beyond them NNG applies back-pressure)"},
     {"send-timeout-ms", K_U64, O(send_timeout_ms), 1, 3600000, "10000",
      "a reply not taken by its client within this time is dropped (frees the context)"},

@@ -32,6 +32,7 @@ typedef struct lnorm__config {
     uint64_t max_rows;
     uint64_t max_hidden;
     uint64_t max_params_bytes;
+    uint64_t max_inflight_bytes;
     uint64_t contexts;
     uint64_t drain_timeout_ms;
     uint64_t send_timeout_ms;

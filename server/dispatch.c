@@ -79,6 +79,8 @@ static void lnorm__reply_body(lnorm__daemon *d, void *slot, Lnorm__V1__Response 
 
 static void lnorm__req_free(lnorm__daemon *d, lnorm__req *r)
 {
+    if (r->reserved)
+        atomic_fetch_sub(&d->stats.inflight_bytes, (int_fast64_t)r->reserved);
     lnorm__obuf_free(d, r->y);
     lnorm__obuf_free(d, r->mean);
     lnorm__obuf_free(d, r->rstd);
@@ -157,6 +159,18 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
             s->param_dtype = r->pset->dtype;
             s->gamma = r->pset->gamma;
             s->beta = r->pset->beta;
+        }
+    }
+    if (rc == LNORM_OK) {
+        /* Memory held by requests in flight is bounded (max-inflight-bytes). */
+        uint64_t need = r->dec.in_bytes + r->dec.y_bytes + r->dec.res_out_bytes +
+                        (r->dec.want_mean ? r->dec.stat_bytes : 0) + (r->dec.want_rstd ? r->dec.stat_bytes : 0);
+        uint64_t held = (uint64_t)atomic_fetch_add(&d->stats.inflight_bytes, (int_fast64_t)need);
+        r->reserved = need;
+        if (held + need > d->cfg.max_inflight_bytes) {
+            snprintf(err, sizeof err, "max-inflight-bytes: %llu bytes held by requests in flight, this one needs %llu",
+                     (unsigned long long)held, (unsigned long long)need);
+            rc = LNORM_ELIMIT;
         }
     }
     if (rc == LNORM_OK) {

@@ -16,6 +16,7 @@ typedef struct lnorm__req {
     uint64_t deadline_ns;     /* 0: none */
     uint64_t rows;
     uint64_t bytes;           /* payload in + out */
+    uint64_t reserved;        /* counted in the daemon's in-flight bytes */
     void *y, *mean, *rstd, *res_out; /* output buffers (backend memory) */
 } lnorm__req;
 

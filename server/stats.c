@@ -134,6 +134,7 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_counter(&b, "lnormd_batches_total", "counter", "Batches run by the backend.", LD(s->batches));
     lnorm__render_counter(&b, "lnormd_backend_errors_total", "counter", "Batches the backend failed.", LD(s->backend_errors));
     lnorm__render_counter(&b, "lnormd_requests_in_flight", "gauge", "Requests received and not yet answered.", (unsigned long long)LDS(s->inflight));
+    lnorm__render_counter(&b, "lnormd_in_flight_bytes", "gauge", "Payload bytes (in + out) held by Normalize requests in flight.", (unsigned long long)LDS(s->inflight_bytes));
     lnorm__render_counter(&b, "lnormd_queue_depth", "gauge", "Requests waiting for a batch.", (unsigned long long)LDS(s->queue_depth));
     lnorm__render_counter(&b, "lnormd_batches_in_flight", "gauge", "Batches running on the backend.", (unsigned long long)LDS(s->batches_inflight));
     lnorm__render_counter(&b, "lnormd_params_registered", "gauge", "Registered parameter sets.", (unsigned long long)LDS(s->params_count));

@@ -30,6 +30,7 @@ typedef struct lnorm__stats {
     atomic_uint_fast64_t backend_errors;
     atomic_int_fast64_t inflight;       /* requests received, not yet answered */
     atomic_int_fast64_t queue_depth;    /* requests waiting for a batch */
+    atomic_int_fast64_t inflight_bytes; /* payload held by Normalize requests */
     atomic_int_fast64_t batches_inflight;
     atomic_int_fast64_t params_count;
     atomic_int_fast64_t params_bytes;

@@ -525,6 +525,49 @@ static void test_queue_full(void)
     TS_CHECK(ts_stop(&d) == 0, "clean exit");
 }
 
+/* Memory held by requests in flight is bounded. */
+static void test_inflight_bytes(void)
+{
+    static const char *const args[] = {"--max-inflight-bytes", "1048576", "--max-queue-delay-us", "500000", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    enum { N = 3 };
+    static worker ws[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 31 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        ws[i].url = d.tcp_url;
+        /* 64 x 1024 f32 in + out, no stats: 512 KiB each; two fit in 1 MiB. */
+        make_case(&ws[i].tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 64, 1024, 0, 0, 0, 0,
+                  0, 0);
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+    }
+    run_workers(ws, N);
+    int ok = 0, limited = 0;
+    for (int i = 0; i < N; i++) {
+        int c = ts_code(ws[i].resp);
+        if (c == 0 && ts_check_reply(&ws[i].tc, ws[i].resp, "within the byte budget") == 0)
+            ok++;
+        else if (c == 8 && strstr(ts_msg(ws[i].resp), "max-inflight-bytes"))
+            limited++;
+        else
+            TS_CHECK(0, "request %d: status %d (%s)", i, c, ts_msg(ws[i].resp));
+    }
+    TS_CHECK(ok == 2 && limited == 1, "%d OK, %d over the byte budget (want 2, 1)", ok, limited);
+    double held = -1;
+    for (int i = 0; i < 500 && held != 0; i++) {
+        held = ts_metric(d.http, "lnormd_in_flight_bytes");
+        if (held != 0)
+            sleep_ms(2);
+    }
+    TS_CHECK(held == 0, "in-flight bytes back to 0: %g", held);
+    free_workers(ws, N);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
 /* SIGTERM with requests in flight: every request answered, exit 0. */
 static void test_sigterm(void)
 {
@@ -1061,7 +1104,7 @@ int main(int argc, char **argv)
         {"normalize", test_normalize}, {"batching", test_batching},     {"invariance", test_invariance},
         {"malformed", test_malformed}, {"deadline", test_deadline},     {"queue_full", test_queue_full},
         {"sigterm", test_sigterm},     {"params", test_params},         {"params_drop_inflight", test_params_drop_inflight},
-        {"health_info", test_health_info}, {"config", test_config}, {"tls", test_tls}, {"deploy_conf", test_deploy_conf},
+        {"health_info", test_health_info}, {"config", test_config}, {"tls", test_tls}, {"inflight_bytes", test_inflight_bytes}, {"deploy_conf", test_deploy_conf},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (!strcmp(argv[2], tests[i].name)) {
