@@ -5,6 +5,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -826,6 +827,10 @@ static void test_health_info(void)
                  "limits as configured");
     }
     code_free(r);
+    /* The ipc socket is not world-writable. */
+    struct stat sb;
+    TS_CHECK(stat(d.ipc_url + 6, &sb) == 0 && S_ISSOCK(sb.st_mode) && !(sb.st_mode & 0002),
+             "ipc socket mode %o", (unsigned)sb.st_mode);
     /* HTTP endpoints. */
     int st = 0;
     char *b = ts_http_get(d.http, "/healthz", &st);
