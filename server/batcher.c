@@ -13,6 +13,7 @@ struct lnorm__batcher {
     pthread_cond_t idle_cv;   /* signalled when a job finishes */
     lnorm__req *head, *tail;  /* the queue, in arrival order */
     uint64_t qlen, qrows, qbytes;
+    uint64_t qdeadlines;      /* queued requests that have a deadline */
     int inflight;             /* jobs on the backend */
     int closed;               /* loop handles closed: no more wake-ups */
     lnorm__batcher_opts opts;
@@ -133,6 +134,7 @@ int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r)
     b->qlen++;
     b->qrows += r->rows;
     b->qbytes += r->bytes;
+    b->qdeadlines += r->deadline_ns != 0;
     atomic_fetch_add(&b->st->queue_depth, 1);
     uv_async_send(&b->wake); /* under the lock: close cannot race it */
     pthread_mutex_unlock(&b->mu);
@@ -168,6 +170,7 @@ static void lnorm__unlink_locked(lnorm__batcher *b, lnorm__req *prev, lnorm__req
     b->qlen--;
     b->qrows -= r->rows;
     b->qbytes -= r->bytes;
+    b->qdeadlines -= r->deadline_ns != 0;
     atomic_fetch_sub(&b->st->queue_depth, 1);
 }
 
@@ -246,7 +249,7 @@ static void lnorm__batcher_kick(lnorm__batcher *b)
 
     pthread_mutex_lock(&b->mu);
     /* Requests past their deadline leave the queue uncomputed. */
-    for (lnorm__req *prev = NULL, *r = b->head; r;) {
+    for (lnorm__req *prev = NULL, *r = b->qdeadlines ? b->head : NULL; r;) {
         lnorm__req *next = r->next;
         if (r->deadline_ns && now >= r->deadline_ns) {
             lnorm__unlink_locked(b, prev, r);
@@ -273,7 +276,7 @@ static void lnorm__batcher_kick(lnorm__batcher *b)
         atomic_fetch_add(&b->st->batches_inflight, 1);
         jobs[njobs++] = j;
     }
-    for (lnorm__req *r = b->head; r; r = r->next)
+    for (lnorm__req *r = b->qdeadlines ? b->head : NULL; r; r = r->next)
         if (r->deadline_ns && (!wake_at || r->deadline_ns < wake_at))
             wake_at = r->deadline_ns;
     pthread_mutex_unlock(&b->mu);
