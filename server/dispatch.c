@@ -203,8 +203,10 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
             snprintf(err, sizeof err, "shutting down");
     }
     if (rc != LNORM_OK) {
-        lnorm__reply_error(d, slot, r->dec.request_id, rc, err);
+        nng_msg *m = NULL;
+        lnorm__codec_pack_error(r->dec.request_id, rc, err, &m);
         lnorm__req_free(d, r);
+        lnorm__send(d, slot, lnorm_err_to_status(rc), m);
     }
 }
 
@@ -290,11 +292,16 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
 void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
 {
     lnorm__daemon *d = arg;
+    void *slot = r->slot;
+    nng_msg *m = NULL;
     if (err != LNORM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
-        lnorm__reply_error(d, r->slot, r->dec.request_id, err, msg);
+        lnorm__codec_pack_error(r->dec.request_id, err, msg, &m);
+        /* Resources go back before the reply leaves, so that a client
+         * that has its reply sees them released (metrics, params). */
         lnorm__req_free(d, r);
+        lnorm__send(d, slot, lnorm_err_to_status(err), m);
         return;
     }
     Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
@@ -323,7 +330,9 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
     resp.body_case = LNORM__V1__RESPONSE__BODY_NORMALIZE;
     resp.normalize = &body;
     atomic_fetch_add(&d->stats.normalize_ok, 1);
-    void *slot = r->slot;
-    lnorm__reply_body(d, slot, &resp);
+    Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
+    resp.status = &st;
+    lnorm__codec_pack(&resp, &m);
     lnorm__req_free(d, r);
+    lnorm__send(d, slot, 0, m);
 }
