@@ -4,9 +4,11 @@
  *
  *   fault_restart LNORMD
  *
- * Two clients loop on normalize requests over ipc://DIR/lnormd.sock: one is
- * a plain NNG REQ socket (redial every 50 ms, resend after 2 s without a
- * reply), one is liblnorm with its defaults (plus short reconnect times).
+ * Three clients loop on normalize requests (64 x 1024 f32) over
+ * ipc://DIR/lnormd.sock: a plain NNG REQ socket (redial every 50 ms,
+ * resend after 2 s without a reply), liblnorm with its defaults (plus short
+ * reconnect times), and liblnorm with resend_ms = 2000. The liblnorm ones
+ * send back to back, so calls are in flight when lnormd is killed.
  * lnormd is killed with SIGKILL after 1 s, the socket file is left behind
  * (stale), and a new lnormd is started on the same path 500 ms later.
  * Checks: the new lnormd starts despite the stale socket file; both
@@ -31,8 +33,8 @@
 #include "lnorm/lnorm.h"
 #include "wire.h"
 
-#define ROWS 8
-#define HIDDEN 256
+#define ROWS 64
+#define HIDDEN 1024
 
 static char g_url[400];
 static atomic_int g_stop;
@@ -82,11 +84,18 @@ static void *nng_client(void *arg)
     return NULL;
 }
 
+typedef struct lib_arg {
+    cstats st;
+    int resend_ms; /* liblnorm's resend_ms option */
+} lib_arg;
+
 static void *lib_client(void *arg)
 {
-    cstats *st = arg;
+    lib_arg *la = arg;
+    cstats *st = &la->st;
     lnorm_client_opts o;
     lnorm_client_opts_init(&o);
+    o.resend_ms = la->resend_ms;
     o.reconnect_min_ms = 50;
     o.reconnect_max_ms = 50;
     o.recv_timeout_ms = 20000;
@@ -131,7 +140,6 @@ static void *lib_client(void *arg)
                 snprintf(st->problem, sizeof st->problem, "liblnorm call %u: %s (%s), max error %g", i,
                          lnorm_strerror(rv), res.message, worst);
         }
-        fh_sleep_ms(5);
     }
     free(x);
     free(y);
@@ -158,15 +166,19 @@ int main(int argc, char **argv)
     }
     atomic_init(&g_stop, 0);
     atomic_init(&g_restart_ms, 0);
-    cstats a, b;
+    cstats a;
+    lib_arg b, c;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
-    pthread_t ta, tb;
+    memset(&c, 0, sizeof c);
+    c.resend_ms = 2000;
+    pthread_t ta, tb, tc;
     pthread_create(&ta, NULL, nng_client, &a);
     pthread_create(&tb, NULL, lib_client, &b);
+    pthread_create(&tc, NULL, lib_client, &c);
     fh_sleep_ms(1000);
 
-    long before = a.ok + b.ok;
+    long before = a.ok + b.st.ok + c.st.ok;
     int st = fh_daemon_stop(&d, SIGKILL, 5000);
     FH_CHECK(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "lnormd did not die of SIGKILL");
     struct stat sb;
@@ -183,15 +195,27 @@ int main(int argc, char **argv)
     atomic_store(&g_stop, 1);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
-    printf("restart: nng client %ld ok (%ld after restart), %ld failed; liblnorm client %ld ok (%ld "
+    pthread_join(tc, NULL);
+    printf("restart: nng client %ld ok (%ld after restart), %ld failed; liblnorm client (defaults) "
+           "%ld ok (%ld after restart), %ld failed; liblnorm client (resend_ms 2000) %ld ok (%ld "
            "after restart), %ld failed\n",
-           a.ok, a.ok_after_restart, a.failed, b.ok, b.ok_after_restart, b.failed);
+           a.ok, a.ok_after_restart, a.failed, b.st.ok, b.st.ok_after_restart, b.st.failed, c.st.ok,
+           c.st.ok_after_restart, c.st.failed);
     if (a.problem[0])
         fprintf(stderr, "nng client: %s\n", a.problem);
-    if (b.problem[0])
-        fprintf(stderr, "liblnorm client: %s\n", b.problem);
-    FH_CHECK(a.failed == 0 && b.failed == 0, "requests failed across the restart");
-    FH_CHECK(a.ok_after_restart > 0 && b.ok_after_restart > 0,
+    if (b.st.problem[0])
+        fprintf(stderr, "liblnorm client (defaults): %s\n", b.st.problem);
+    if (c.st.problem[0])
+        fprintf(stderr, "liblnorm client (resend_ms 2000): %s\n", c.st.problem);
+    FH_CHECK(a.failed == 0, "NNG client: requests failed across the restart");
+    FH_CHECK(c.st.failed == 0, "liblnorm (resend_ms 2000): requests failed across the restart");
+    /* lnorm.h: resend_ms <= 0 (the default) never resends on a live
+     * connection, "requests on a dropped connection are still resent
+     * elsewhere". Hold the library to it. */
+    FH_CHECK(b.st.failed == 0,
+             "liblnorm (default options): a request on the killed connection failed instead of "
+             "being resent, contrary to lnorm.h's resend_ms contract");
+    FH_CHECK(a.ok_after_restart > 0 && b.st.ok_after_restart > 0 && c.st.ok_after_restart > 0,
              "a client made no progress after the restart");
     if (started) {
         st = fh_daemon_stop(&d2, SIGTERM, 15000);
