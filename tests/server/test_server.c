@@ -526,6 +526,35 @@ static void test_queue_full(void)
     TS_CHECK(ts_stop(&d) == 0, "clean exit");
 }
 
+/* Fewer contexts than concurrent clients: NNG holds the rest back, and
+ * every request is still answered correctly. */
+static void test_contexts(void)
+{
+    static const char *const args[] = {"--contexts", "2", NULL};
+    ts_daemon d;
+    if (ts_start(&d, lnormd, args) != 0) {
+        ts_failures++;
+        return;
+    }
+    enum { N = 24 };
+    static worker ws[N];
+    lnorm_rng g;
+    lnorm_rng_seed(&g, 37 + (uint64_t)time(NULL));
+    for (int i = 0; i < N; i++) {
+        ws[i].url = i % 2 ? d.tcp_url : d.ipc_url;
+        random_case(&ws[i].tc, &g);
+        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+    }
+    run_workers(ws, N);
+    for (int i = 0; i < N; i++) {
+        char label[48];
+        snprintf(label, sizeof label, "request %d through 2 contexts", i);
+        TS_CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
+    }
+    free_workers(ws, N);
+    TS_CHECK(ts_stop(&d) == 0, "clean exit");
+}
+
 /* Memory held by requests in flight is bounded. */
 static void test_inflight_bytes(void)
 {
@@ -1116,7 +1145,7 @@ int main(int argc, char **argv)
         {"normalize", test_normalize}, {"batching", test_batching},     {"invariance", test_invariance},
         {"malformed", test_malformed}, {"deadline", test_deadline},     {"queue_full", test_queue_full},
         {"sigterm", test_sigterm},     {"params", test_params},         {"params_drop_inflight", test_params_drop_inflight},
-        {"health_info", test_health_info}, {"config", test_config}, {"tls", test_tls}, {"inflight_bytes", test_inflight_bytes}, {"deploy_conf", test_deploy_conf},
+        {"health_info", test_health_info}, {"config", test_config}, {"tls", test_tls}, {"inflight_bytes", test_inflight_bytes}, {"contexts", test_contexts}, {"deploy_conf", test_deploy_conf},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (!strcmp(argv[2], tests[i].name)) {
