@@ -44,6 +44,7 @@ const char *lnorm__ek_name(int k)
     case LNORM__EK_ABORTED: return "aborted_at_stop";
     case LNORM__EK_DECODE: return "bad_reply";
     case LNORM__EK_VERIFY: return "verify_mismatch";
+    case LNORM__EK_UNSENT: return "never_sent";
     default: return "?";
     }
 }
@@ -64,6 +65,7 @@ typedef struct slot {
     size_t tmpl;
     uint64_t rng;
     nng_ctx ctx;
+    int ctx_open;
     nng_aio *aio;
     void *y, *res_out; /* client library outputs */
     float *mean, *rstd;
@@ -94,6 +96,9 @@ struct run {
     sample *samples;
     _Atomic unsigned nsamples;
     uint64_t backlogged; /* scheduler thread only */
+    uint64_t unsent;     /* scheduler thread only */
+    int closed;          /* under mu: the transport is closed */
+    int leaked;          /* it did not close: never free what NNG may use */
 };
 
 static void slot_start(slot *s, uint64_t t0);
@@ -369,8 +374,9 @@ static int open_raw(run *r, char *err, size_t errlen)
     }
     for (int i = 0; i < r->nslots; i++) {
         slot *s = &r->slots[i];
-        if ((rv = nng_ctx_open(&s->ctx, r->sock)) != 0 ||
-            (rv = nng_aio_alloc(&s->aio, raw_cb, s)) != 0) {
+        if ((rv = nng_ctx_open(&s->ctx, r->sock)) == 0)
+            s->ctx_open = 1;
+        if (rv != 0 || (rv = nng_aio_alloc(&s->aio, raw_cb, s)) != 0) {
             snprintf(err, errlen, "nng ctx/aio: %s", nng_strerror(rv));
             return -1;
         }
@@ -416,8 +422,11 @@ static int open_lib(run *r, char *err, size_t errlen)
 }
 #endif
 
-/* Close the transport: everything still in flight completes (aborted). */
-static void close_transport(run *r)
+/* Close the transport: everything still in flight completes (aborted).
+ * Raw: abort each request (nng_aio_stop waits for its callback, which
+ * does not start another once stop is set), close the contexts, then the
+ * socket. */
+static void close_transport_now(run *r)
 {
 #ifdef LNORM_BENCH_HAVE_LIB
     if (r->cli) {
@@ -426,14 +435,68 @@ static void close_transport(run *r)
     }
 #endif
     if (r->sock_open) {
+        for (int i = 0; i < r->nslots; i++) {
+            if (r->slots[i].aio)
+                nng_aio_stop(r->slots[i].aio);
+            if (r->slots[i].ctx_open)
+                nng_ctx_close(r->slots[i].ctx);
+            r->slots[i].ctx_open = 0;
+        }
         nng_close(r->sock);
         r->sock_open = 0;
     }
 }
 
+static void *closer_main(void *arg)
+{
+    run *r = arg;
+    close_transport_now(r);
+    pthread_mutex_lock(&r->mu);
+    r->closed = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* Close on a helper thread and wait at most 5 s, so that a transport that
+ * does not close cannot hold the run past its hard stop. If it does not
+ * close in time, the run's transport state is leaked (never freed while
+ * NNG may still use it). Returns 0 if closed. */
+static int close_transport(run *r)
+{
+    if (r->leaked)
+        return -1;
+    pthread_t th;
+    if (pthread_create(&th, NULL, closer_main, r) != 0) {
+        close_transport_now(r);
+        return 0;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 5;
+    pthread_mutex_lock(&r->mu);
+    while (!r->closed) {
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    int closed = r->closed;
+    pthread_mutex_unlock(&r->mu);
+    if (closed) {
+        pthread_join(th, NULL);
+        return 0;
+    }
+    pthread_detach(th);
+    r->leaked = 1;
+    fprintf(stderr, "lnorm-bench: %s: the transport did not close within 5 s; abandoning it\n",
+            r->cfg->label);
+    return -1;
+}
+
 static void free_run(run *r)
 {
     close_transport(r);
+    if (r->leaked)
+        return; /* NNG may still call back into it: keep all of it */
     if (r->slots) {
         for (int i = 0; i < r->nslots; i++) {
             slot *s = &r->slots[i];
@@ -594,6 +657,13 @@ static void open_loop(run *r)
             next = r->t_start + (uint64_t)((double)(atomic_load(&r->started)) * gap_ns);
         }
     }
+    /* Arrivals the schedule had before the end but never sent (the
+     * in-flight limit stayed full until the hard stop): the offered load
+     * was not carried; count the measured ones. */
+    uint64_t from = next > r->t_warm ? next : r->t_warm;
+    if (from < r->t_end && !lnorm__interrupted &&
+        !(c->max_requests && atomic_load(&r->started) >= c->max_requests))
+        r->unsent = (uint64_t)((double)(r->t_end - from) / gap_ns);
 }
 
 static void verify_samples(run *r, lnorm__runres *res)
@@ -627,89 +697,98 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     res->open_loop = cfg->open_loop;
     res->concurrency = cfg->concurrency;
     res->rate = cfg->rate;
-    run r;
-    memset(&r, 0, sizeof r);
-    r.cfg = cfg;
-    r.w = w;
-    pthread_mutex_init(&r.mu, NULL);
-    pthread_cond_init(&r.cv, NULL);
-    r.nslots = cfg->concurrency > 0 ? cfg->concurrency : 1;
-    r.slots = calloc((size_t)r.nslots, sizeof(slot));
-    r.free_stack = calloc((size_t)r.nslots, sizeof(int));
-    r.samples = calloc(cfg->verify_n ? cfg->verify_n : 1, sizeof(sample));
-    r.hist = lnorm__hist_new();
-    if (!r.slots || !r.free_stack || !r.samples || !r.hist) {
+    run *rp = calloc(1, sizeof(*rp));
+    if (!rp) {
         snprintf(res->error, sizeof res->error, "out of memory");
-        free_run(&r);
         return -1;
     }
-    for (int i = 0; i < r.nslots; i++) {
-        r.slots[i].r = &r;
-        r.slots[i].idx = i;
-        r.slots[i].rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) | 1u;
-        r.free_stack[i] = r.nslots - 1 - i;
+    rp->cfg = cfg;
+    rp->w = w;
+    pthread_mutex_init(&rp->mu, NULL);
+    pthread_cond_init(&rp->cv, NULL);
+    rp->nslots = cfg->concurrency > 0 ? cfg->concurrency : 1;
+    rp->slots = calloc((size_t)rp->nslots, sizeof(slot));
+    rp->free_stack = calloc((size_t)rp->nslots, sizeof(int));
+    rp->samples = calloc(cfg->verify_n ? cfg->verify_n : 1, sizeof(sample));
+    rp->hist = lnorm__hist_new();
+    if (!rp->slots || !rp->free_stack || !rp->samples || !rp->hist) {
+        snprintf(res->error, sizeof res->error, "out of memory");
+        free_run(rp);
+        if (!rp->leaked)
+            free(rp);
+        return -1;
     }
-    r.nfree = r.nslots;
+    for (int i = 0; i < rp->nslots; i++) {
+        rp->slots[i].r = rp;
+        rp->slots[i].idx = i;
+        rp->slots[i].rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) | 1u;
+        rp->free_stack[i] = rp->nslots - 1 - i;
+    }
+    rp->nfree = rp->nslots;
     int rc;
 #ifdef LNORM_BENCH_HAVE_LIB
     if (cfg->driver == LNORM__DRV_LIB)
-        rc = open_lib(&r, res->error, sizeof res->error);
+        rc = open_lib(rp, res->error, sizeof res->error);
     else
 #endif
-        rc = open_raw(&r, res->error, sizeof res->error);
+        rc = open_raw(rp, res->error, sizeof res->error);
     if (rc != 0) {
-        free_run(&r);
+        free_run(rp);
+        if (!rp->leaked)
+            free(rp);
         return -1;
     }
 
     double total_s = cfg->warmup_s + cfg->duration_s;
-    r.t_start = lnorm__now_ns();
-    r.t_warm = r.t_start + (uint64_t)(cfg->warmup_s * 1e9);
-    r.t_end = r.t_start + (uint64_t)(total_s * 1e9);
-    r.t_hard = r.t_end + (uint64_t)(cfg->grace_s * 1e9);
+    rp->t_start = lnorm__now_ns();
+    rp->t_warm = rp->t_start + (uint64_t)(cfg->warmup_s * 1e9);
+    rp->t_end = rp->t_start + (uint64_t)(total_s * 1e9);
+    rp->t_hard = rp->t_end + (uint64_t)(cfg->grace_s * 1e9);
 
     if (cfg->open_loop) {
-        open_loop(&r);
+        open_loop(rp);
     } else {
-        pthread_mutex_lock(&r.mu);
-        r.active = r.nslots;
-        r.nfree = 0;
-        pthread_mutex_unlock(&r.mu);
-        for (int i = 0; i < r.nslots; i++)
-            slot_start(&r.slots[i], lnorm__now_ns());
+        pthread_mutex_lock(&rp->mu);
+        rp->active = rp->nslots;
+        rp->nfree = 0;
+        pthread_mutex_unlock(&rp->mu);
+        for (int i = 0; i < rp->nslots; i++)
+            slot_start(&rp->slots[i], lnorm__now_ns());
     }
-    drain(&r);
+    drain(rp);
 
     /* gather */
-    pthread_mutex_lock(&r.mu);
-    res->ok = r.ok;
-    res->errors = r.errors;
-    memcpy(res->err_by, r.err_by, sizeof r.err_by);
-    res->rows = r.rows;
-    res->tx_bytes = r.tx;
-    res->rx_bytes = r.rx;
-    uint64_t last = r.last_done;
-    res->srv_n = r.srv_n;
-    if (r.srv_n) {
-        res->srv_queue_us = (double)r.srv_queue / (double)r.srv_n;
-        res->srv_compute_us = (double)r.srv_compute / (double)r.srv_n;
-        res->batch_rows = (double)r.srv_brows / (double)r.srv_n;
-        res->batch_requests = (double)r.srv_breqs / (double)r.srv_n;
+    pthread_mutex_lock(&rp->mu);
+    res->ok = rp->ok;
+    res->errors = rp->errors;
+    memcpy(res->err_by, rp->err_by, sizeof rp->err_by);
+    res->rows = rp->rows;
+    res->tx_bytes = rp->tx;
+    res->rx_bytes = rp->rx;
+    uint64_t last = rp->last_done;
+    res->srv_n = rp->srv_n;
+    if (rp->srv_n) {
+        res->srv_queue_us = (double)rp->srv_queue / (double)rp->srv_n;
+        res->srv_compute_us = (double)rp->srv_compute / (double)rp->srv_n;
+        res->batch_rows = (double)rp->srv_brows / (double)rp->srv_n;
+        res->batch_requests = (double)rp->srv_breqs / (double)rp->srv_n;
     }
-    res->backlogged = r.backlogged;
+    res->err_by[LNORM__EK_UNSENT] = rp->unsent;
+    res->errors += rp->unsent;
+    res->backlogged = rp->backlogged;
     /* requests never answered (still in flight at the hard stop) */
-    pthread_mutex_unlock(&r.mu);
-    res->started = atomic_load(&r.started);
-    res->elapsed_s = last > r.t_warm ? (double)(last - r.t_warm) / 1e9 : 0;
+    pthread_mutex_unlock(&rp->mu);
+    res->started = atomic_load(&rp->started);
+    res->elapsed_s = last > rp->t_warm ? (double)(last - rp->t_warm) / 1e9 : 0;
     if (cfg->open_loop && cfg->duration_s > 0 && res->elapsed_s < cfg->duration_s * 0.5)
         res->elapsed_s = cfg->duration_s; /* nearly nothing answered: don't inflate rates */
-    verify_samples(&r, res);
+    verify_samples(rp, res);
     if (res->elapsed_s > 0) {
         res->rps = (double)res->ok / res->elapsed_s;
         res->rows_ps = (double)res->rows / res->elapsed_s;
         res->gbps = (double)(res->tx_bytes + res->rx_bytes) / res->elapsed_s / 1e9;
     }
-    lnorm__hist *h = r.hist;
+    lnorm__hist *h = rp->hist;
     res->min_ns = lnorm__hist_quantile(h, 0);
     res->p50_ns = lnorm__hist_quantile(h, 0.5);
     res->p90_ns = lnorm__hist_quantile(h, 0.9);
@@ -719,7 +798,10 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     res->mean_ns = lnorm__hist_mean(h);
     for (int k = 0; k < LNORM__SPECTRUM_N; k++)
         res->spectrum_ns[k] = (double)lnorm__hist_quantile(h, 1.0 - pow(10.0, -k / 10.0));
-    free_run(&r);
+    int leaked = rp->leaked;
+    free_run(rp);
+    if (!leaked)
+        free(rp);
     return 0;
 }
 

@@ -25,7 +25,9 @@ enum {
     LNORM__EK_ABORTED = 19,   /* still in flight at the hard stop */
     LNORM__EK_DECODE = 20,    /* malformed or mis-sized reply */
     LNORM__EK_VERIFY = 21,    /* reply differs from the reference */
-    LNORM__EK_N = 22
+    LNORM__EK_UNSENT = 22,    /* open loop: scheduled in the measured time, never
+                                 sent (the in-flight limit stayed full) */
+    LNORM__EK_N = 23
 };
 const char *lnorm__ek_name(int k);
 
