@@ -1,4 +1,5 @@
 /* The CPU backend: ISA choice, batch splitting and the lnorm_cpu_* API. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -183,7 +184,9 @@ int lnorm_cpu_run(lnorm_cpu *cpu, const lnorm_batch *b, const char **why)
         int err = lnorm_segment_validate(&b->segs[i], why);
         if (err)
             return err;
-        elems += b->segs[i].rows * b->segs[i].hidden; /* each <= 2^24 * 2^63 guarded below */
+        /* Validated extents are below 2^60 elements; saturate the total. */
+        int64_t e = b->segs[i].rows * b->segs[i].hidden;
+        elems = elems > INT64_MAX - e ? INT64_MAX : elems + e;
     }
     lnorm__cpu_rows_fn *fn = isa_table[cpu->isa].fn;
     if (cpu->nthreads <= 1 || elems < SMALL_ELEMS) {

@@ -5,7 +5,7 @@
 #include "half.h"
 
 /* Columns summed plainly before the block sum joins the compensated total. */
-#define BLOCK 64
+#define BLOCK 8
 
 static inline float ld(const void *p, int64_t i, int dt)
 {

@@ -229,6 +229,35 @@ void lnorm_test_tol_default(lnorm_test_tol *t)
     t->max_report = 5;
 }
 
+static double g_worst;
+static char g_worst_where[256];
+
+double lnorm_test_worst_ratio(void)
+{
+    return g_worst;
+}
+
+void lnorm_test_worst_reset(void)
+{
+    g_worst = 0.0;
+    g_worst_where[0] = 0;
+}
+
+const char *lnorm_test_worst_where(void)
+{
+    return g_worst_where;
+}
+
+/* Track |got - want| / bound for passing finite elements. */
+static void note_ratio(const char *label, const char *what, double got, double want, double bound)
+{
+    double r = bound > 0 ? fabs(got - want) / bound : (got == want ? 0.0 : INFINITY);
+    if (isfinite(r) && r > g_worst) {
+        g_worst = r;
+        snprintf(g_worst_where, sizeof g_worst_where, "%s of [%s]", what, label ? label : "?");
+    }
+}
+
 typedef struct checkctx {
     const char *label;
     long fails;
@@ -294,6 +323,8 @@ long lnorm_test_check(const lnorm_segment *s, const double *y_ref, const double 
             if (s->y_dtype == LNORM_DTYPE_F32) {
                 if (!(fabs(got - want) <= bound))
                     report(&k, "y", r, c, got, want, bound);
+                else
+                    note_ratio(label, "y", got, want, bound);
             } else {
                 double rn = lnorm_test_round(want, s->y_dtype);
                 uint16_t gb = ((const uint16_t *)s->y)[r * s->y_stride + c];
@@ -322,6 +353,8 @@ long lnorm_test_check(const lnorm_segment *s, const double *y_ref, const double 
                 double bound = tol->stat_rtol * (fabs(mean_ref[r]) + 1.0 / rstd);
                 if (!(fabs(got - mean_ref[r]) <= bound))
                     report(&k, "mean", r, -1, got, mean_ref[r], bound);
+                else
+                    note_ratio(label, "mean", got, mean_ref[r], bound);
             }
         }
         if (s->rstd) {
@@ -330,6 +363,8 @@ long lnorm_test_check(const lnorm_segment *s, const double *y_ref, const double 
                 double bound = tol->stat_rtol * rstd;
                 if (!(fabs(got - rstd) <= bound))
                     report(&k, "rstd", r, -1, got, rstd, bound);
+                else
+                    note_ratio(label, "rstd", got, rstd, bound);
             }
         }
     }

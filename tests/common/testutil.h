@@ -103,6 +103,18 @@ long lnorm_test_check(const lnorm_segment *s, const double *y_ref,
                       const double *res_out_ref, const lnorm_test_tol *tol,
                       const char *label);
 
+/* The largest |got - want| / bound among the f32 y elements (and of mean
+ * and rstd) seen by lnorm_test_check since the last reset: how close a
+ * backend comes to the tolerance. Not thread-safe (tests check on one
+ * thread). */
+double lnorm_test_worst_ratio(void);
+
+/* Which output and case gave lnorm_test_worst_ratio ("" if none). */
+const char *lnorm_test_worst_where(void);
+
+/* Reset lnorm_test_worst_ratio to 0. */
+void lnorm_test_worst_reset(void);
+
 /* Convenience: compute the reference for s (allocating it), check s's
  * outputs against it and free it. Returns the mismatch count, or -1 if the
  * segment is invalid or memory ran out. */

@@ -90,6 +90,12 @@ static void t_cancellation(lnorm_cpu *cpu, lnorm_rng *g)
                 c.x_spread = 300.0;
             run_check(cpu, &c, g, "cancellation");
         }
+    /* The hardest case for fp32 sums: H = 262144 and mean 3e3 >> spread 1. */
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++) {
+        lnorm_test_case_cfg c = {.op = op, .x_dtype = LNORM_DTYPE_F32, .rows = 2, .hidden = 262144, .gamma = 1,
+                                 .beta = 1, .stats = 1, .x_mean = 3e3, .x_spread = 1.0};
+        run_check(cpu, &c, g, "cancellation, H = 262144");
+    }
 }
 
 /* Constant rows: var = 0, so y = beta exactly and nothing is NaN/Inf. */
@@ -514,7 +520,9 @@ int main(int argc, char **argv)
             lnorm_cpu *cpu = cpu_for(isas[k], 2);
             if (!cpu)
                 continue;
+            lnorm_test_worst_reset();
             tests[t].fn(cpu, &g);
+            printf("  isa %s: worst f32 error / bound = %.3f\n", isas[k], lnorm_test_worst_ratio());
             lnorm_cpu_destroy(cpu);
             ran++;
         }
