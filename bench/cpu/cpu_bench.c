@@ -2,6 +2,7 @@
  * lnorm-cpu-bench: CPU LayerNorm / RMSNorm throughput of lnormd's CPU
  * backend beside memcpy (and oneDNN's layer normalization when built with
  * it), in the same process, over buffers much larger than the caches.
+ * f32, bf16 and f16 (oneDNN: f32 and bf16).
  * GB/s = (bytes of x read + bytes of y written) / best time of several runs
  * (gamma/beta are read too but are tiny next to x and y; no mean/rstd).
  * memcpy's GB/s counts bytes read + bytes written the same way.
@@ -138,6 +139,8 @@ static void fill(void *x, int dt, size_t n)
         float v = (float)((s >> 40) & 0xffffff) / (float)(1 << 22) - 2.0f;
         if (dt == LNORM_DTYPE_F32)
             ((float *)x)[i] = v;
+        else if (dt == LNORM_DTYPE_F16)
+            ((uint16_t *)x)[i] = lnorm_f32_to_f16(v);
         else
             ((uint16_t *)x)[i] = lnorm_f32_to_bf16(v);
     }
@@ -236,14 +239,14 @@ int main(int argc, char **argv)
     const int64_t hs_quick[] = {4096};
     const int64_t *hs = quick ? hs_quick : hs_full;
     const int nh = quick ? 1 : 4;
-    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16};
+    const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16, LNORM_DTYPE_F16};
     for (int th = 1; th <= max_threads; th++) {
         lnorm_cpu *cpu;
         if (lnorm_cpu_create(&cpu, th)) {
             fprintf(stderr, "lnorm_cpu_create failed\n");
             return 1;
         }
-        for (int di = 0; di < 2; di++) {
+        for (int di = 0; di < 3; di++) {
             int dt = dts[di];
             size_t esz = lnorm_dtype_size(dt);
             fill(x, dt, bytes / esz);
@@ -297,7 +300,7 @@ int main(int argc, char **argv)
                     }
                 }
 #ifdef LNORM_BENCH_HAVE_DNNL
-                {
+                if (dt != LNORM_DTYPE_F16) {
                     const char *why = NULL;
                     bench_onednn *p = bench_onednn_create(dt, rows, H, LNORM_DEFAULT_EPS, x, y, gamma, beta, th, &why);
                     if (!p) {
