@@ -1,7 +1,7 @@
 /*
  * fault.disconnect, fault.half_frame, fault.no_read: misbehaving clients.
  *
- *   fault_abuse LNORMD MODE      MODE = disconnect | half_frame | no_read
+ *   fault_abuse LNORMD MODE      MODE = disconnect | half_frame | no_read | http
  *
  * lnormd listens on tcp://127.0.0.1:0 and on an ipc path in a private temp
  * dir. Two well-behaved clients load it over ipc the whole time and check
@@ -13,7 +13,10 @@
  *    frame header with part of its body, then close; a frame claiming 2^40
  *    bytes; and 32 connections left open holding half a frame;
  *  - no_read: 4 connections each pipeline up to 48 requests of 1 MiB and
- *    never read a reply, held open for 3 s.
+ *    never read a reply, held open for 3 s;
+ *  - http (the /metrics port): garbage, a 256 KiB header line, and 64
+ *    connections holding half a request while /healthz must answer 200
+ *    (and /metrics 200 at the end).
  * (four rounds) Checks: the good clients get every reply right and keep
  * making progress during each round; lnormd's RSS after round 4 is within
  * max(16 MiB, 15%) of its RSS after round 2 (a leak per abandoned request
@@ -181,6 +184,71 @@ static int hold_no_read(int *fds, const uint8_t *big, size_t biglen)
     return k;
 }
 
+static char g_http_url[600]; /* tcp://127.0.0.1:PORT of the HTTP endpoint */
+
+/* GET path on the HTTP endpoint within 5 s; the status code, or -1. */
+static int http_get(const char *path)
+{
+    int fd = fw_tcp_connect(g_http_url);
+    if (fd < 0)
+        return -1;
+    set_timeouts(fd, 5000);
+    char req[256], resp[4096];
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    size_t got = 0;
+    if (fw_write_all(fd, req, strlen(req)) == 0) {
+        ssize_t n;
+        while (got < sizeof resp - 1 && (n = recv(fd, resp + got, sizeof resp - 1 - got, 0)) > 0)
+            got += (size_t)n;
+    }
+    close(fd);
+    resp[got] = 0;
+    int code = -1;
+    if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1)
+        return -1;
+    return code;
+}
+
+/* Garbage, an endless header line and half-sent requests on the HTTP port,
+ * with 64 connections left holding half a request. */
+static int round_http(int *fds, int n)
+{
+    for (int i = 0; i < 10; i++) {
+        int fd = fw_tcp_connect(g_http_url);
+        if (fd < 0)
+            continue;
+        static const char junk[] = "\x16\x03\x01 NOT HTTP \xff\xfe\r\n\r\n";
+        fw_write_all(fd, junk, sizeof junk - 1);
+        closed_by_server(fd, 2000);
+        close(fd);
+    }
+    static char line[256 * 1024];
+    memset(line, 'A', sizeof line);
+    memcpy(line, "GET /", 5);
+    for (int i = 0; i < 3; i++) {
+        int fd = fw_tcp_connect(g_http_url);
+        if (fd < 0)
+            continue;
+        set_timeouts(fd, 2000);
+        fw_write_all(fd, line, sizeof line); /* may stop early: the server hung up */
+        closed_by_server(fd, 2000);
+        close(fd);
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        int fd = fw_tcp_connect(g_http_url);
+        if (fd < 0)
+            continue;
+        static const char half[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+        fw_write_all(fd, half, sizeof half - 1);
+        fds[k++] = fd;
+    }
+    int code = http_get("/healthz");
+    printf("http: /healthz while %d connections hold half a request: %d\n", k, code);
+    FH_CHECK(code == 200, "/healthz answered %d while the HTTP port was abused", code);
+    return k;
+}
+
 static int progress_during(fl_load *l, long before, const char *what)
 {
     fl_stats st;
@@ -193,7 +261,7 @@ static int progress_during(fl_load *l, long before, const char *what)
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s LNORMD disconnect|half_frame|no_read\n", argv[0]);
+        fprintf(stderr, "usage: %s LNORMD disconnect|half_frame|no_read|http\n", argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -212,6 +280,7 @@ int main(int argc, char **argv)
         return 1;
     }
     g_tcp = fh_daemon_url(&d, "tcp://");
+    snprintf(g_http_url, sizeof g_http_url, "tcp://%s", d.http);
     const char *ipc_url = fh_daemon_url(&d, "ipc://");
     FH_CHECK(g_tcp && ipc_url, "ready file lacks a tcp or ipc listen line");
     if (!g_tcp || !ipc_url) {
@@ -225,9 +294,13 @@ int main(int argc, char **argv)
                                 &biglen);
     fl_load *load = fl_start(ipc_url, 2, 16, 256, 10000);
     fh_sleep_ms(1000);
-    long rss0 = fh_rss_kb(d.pid), rss[4] = {0, 0, 0, 0};
+    /* FAULT_ROUNDS (4..64, default 4) for longer investigations. */
+    int rounds = getenv("FAULT_ROUNDS") ? atoi(getenv("FAULT_ROUNDS")) : 4;
+    if (rounds < 4 || rounds > 64)
+        rounds = 4;
+    long rss0 = fh_rss_kb(d.pid), rss[64] = {0};
 
-    for (int round = 0; round < 4; round++) {
+    for (int round = 0; round < rounds; round++) {
         fl_stats st;
         fl_peek(load, &st);
         long before = st.ok;
@@ -238,6 +311,9 @@ int main(int argc, char **argv)
             round_half_frame();
             nfds = hold_half_frames(fds, 32);
             fh_sleep_ms(1500);
+        } else if (!strcmp(mode, "http")) {
+            nfds = round_http(fds, 64);
+            fh_sleep_ms(500);
         } else if (!strcmp(mode, "no_read")) {
             nfds = hold_no_read(fds, big, biglen);
             fh_sleep_ms(3000);
@@ -260,9 +336,9 @@ int main(int argc, char **argv)
     fl_stats st;
     fl_stop(load, &st);
     printf("%s: good clients: %ld ok, %ld wrong, %ld failed, slowest %lld ms; RSS KiB: "
-           "start %ld, rounds %ld %ld %ld %ld\n",
+           "start %ld, rounds 1-4 %ld %ld %ld %ld, last %ld\n",
            mode, st.ok, st.wrong, st.failed, (long long)st.max_ms, rss0, rss[0], rss[1], rss[2],
-           rss[3]);
+           rss[3], rss[rounds - 1]);
     FH_CHECK(st.wrong == 0 && st.failed == 0, "good clients hit problems: %s", st.first_problem);
     /* Round 1 may still be climbing to the high-water mark of buffers held
      * (replies queued for clients that do not read, allocator caches); a
@@ -270,11 +346,11 @@ int main(int argc, char **argv)
     long allow = rss[1] * 15 / 100;
     if (allow < 16 * 1024)
         allow = 16 * 1024;
-    FH_CHECK(rss[3] > 0 && rss[3] - rss[1] <= allow,
-             "RSS grew from %ld KiB (round 2) to %ld KiB (round 4), over %ld KiB", rss[1], rss[3],
-             allow);
+    FH_CHECK(rss[rounds - 1] > 0 && rss[rounds - 1] - rss[1] <= allow,
+             "RSS grew from %ld KiB (round 2) to %ld KiB (round %d), over %ld KiB", rss[1],
+             rss[rounds - 1], rounds, allow);
     long maxrss = 0;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < rounds; i++)
         maxrss = rss[i] > maxrss ? rss[i] : maxrss;
     /* Under ASan, shadow memory and the 256 MiB quarantine of freed blocks
      * inflate RSS; the leak check above is what matters there. */
@@ -285,6 +361,8 @@ int main(int argc, char **argv)
 #endif
     FH_CHECK(maxrss < bound, "RSS reached %ld KiB (bound %ld KiB)", maxrss, bound);
 
+    if (!strcmp(mode, "http"))
+        FH_CHECK(http_get("/metrics") == 200, "/metrics does not answer 200 after the abuse");
     int status = fh_daemon_stop(&d, SIGTERM, 15000);
     FH_CHECK(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
              "lnormd did not exit 0 on SIGTERM (wait status %d)", status);
