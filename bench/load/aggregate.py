@@ -48,6 +48,7 @@ def main():
             "server_queue_us_median": statistics.median(r["server"]["queue_us_mean"] for r in runs),
             "server_compute_us_median": statistics.median(r["server"]["compute_us_mean"] for r in runs),
             "batch_requests_median": statistics.median(r["server"]["batch_requests_mean"] for r in runs),
+            "loadavg_at_start": [r.get("loadavg_at_start", "") for r in runs],
         })
     ratios = {}
     for rd in rounds:

@@ -697,6 +697,13 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     res->open_loop = cfg->open_loop;
     res->concurrency = cfg->concurrency;
     res->rate = cfg->rate;
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la) {
+        double l1, l5, l15;
+        if (fscanf(la, "%lf %lf %lf", &l1, &l5, &l15) == 3)
+            snprintf(res->loadavg, sizeof res->loadavg, "%.2f %.2f %.2f", l1, l5, l15);
+        fclose(la);
+    }
     run *rp = calloc(1, sizeof(*rp));
     if (!rp) {
         snprintf(res->error, sizeof res->error, "out of memory");

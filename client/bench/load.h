@@ -75,6 +75,7 @@ typedef struct lnorm__runres {
     char first_mismatch[200];
     uint64_t backlogged;    /* open loop: sends delayed by the in-flight limit */
     char error[200];        /* set when the run could not start */
+    char loadavg[32];       /* /proc/loadavg (1, 5, 15 min) when the point began */
 } lnorm__runres;
 
 /* Run one measurement. Returns 0 (then res is filled, errors counted in

@@ -2,6 +2,7 @@
 #include "report.h"
 
 #include <math.h>
+#include <unistd.h>
 #include <string.h>
 
 const lnorm__runres *lnorm__report_echo_peer(const lnorm__report *rp, size_t i)
@@ -33,7 +34,8 @@ static double us(uint64_t ns)
 
 void lnorm__report_table(const lnorm__report *rp, FILE *o)
 {
-    fprintf(o, "lnorm-bench  %s  device: %s  url: %s\n", rp->date, rp->device, rp->url);
+    fprintf(o, "lnorm-bench  %s  device: %s (%ld CPUs online)  url: %s\n", rp->date, rp->device,
+            sysconf(_SC_NPROCESSORS_ONLN), rp->url);
     fprintf(o, "workload: %s  params=%s stats=%d residual=%d\n", rp->workload, rp->params,
             rp->stats, rp->residual);
     fprintf(o, "%-7s %-4s %-10s %9s %6s %10s %11s %7s %9s %9s %9s %9s %9s %8s %8s %6s\n",
@@ -118,6 +120,7 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
     json_str(f, rp->device);
     fprintf(f, ",\n  \"commit\": ");
     json_str(f, rp->commit);
+    fprintf(f, ",\n  \"cpus_online\": %ld", sysconf(_SC_NPROCESSORS_ONLN));
     fprintf(f, ",\n  \"host\": ");
     json_str(f, rp->host);
     fprintf(f, ",\n  \"command\": ");
@@ -223,7 +226,9 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
             fprintf(f, ", \"first\": ");
             json_str(f, r->first_mismatch);
         }
-        fprintf(f, "}, \"backlogged_sends\": %llu}", (unsigned long long)r->backlogged);
+        fprintf(f, "}, \"backlogged_sends\": %llu, \"loadavg_at_start\": ", (unsigned long long)r->backlogged);
+        json_str(f, r->loadavg);
+        fprintf(f, "}");
     }
     fprintf(f, "\n  ],\n  \"ratios_vs_echo\": [");
     int first = 1;
