@@ -122,6 +122,26 @@ static void legend(FILE *f, double x, double y, int i, const char *color, const 
     fprintf(f, "<text x='%.1f' y='%.1f' font-size='11'>%s</text>\n", x + 28, y + i * 16 + 4, text);
 }
 
+/* Index of a run's load (concurrency or rate) among the distinct loads, in
+ * order of first appearance: lnormd and echo at one load share a colour. */
+static size_t load_index(const lnorm__report *rp, size_t i)
+{
+    size_t k = 0;
+    for (size_t j = 0; j < i; j++) {
+        int seen = 0;
+        for (size_t m = 0; m < j; m++)
+            if (rp->runs[m].open_loop == rp->runs[j].open_loop && rp->runs[m].rate == rp->runs[j].rate &&
+                rp->runs[m].concurrency == rp->runs[j].concurrency)
+                seen = 1;
+        if (!seen)
+            k++;
+        const lnorm__runres *a = &rp->runs[j], *b = &rp->runs[i];
+        if (a->open_loop == b->open_loop && a->rate == b->rate && a->concurrency == b->concurrency)
+            return k - 1;
+    }
+    return k;
+}
+
 static void run_name(const lnorm__runres *r, char *b, size_t n)
 {
     if (r->open_loop)
@@ -144,7 +164,11 @@ int lnorm__report_svg(const lnorm__report *rp, const char *path)
     FILE *f = fopen(path, "w");
     if (!f)
         return -1;
-    const double W = 1100, H = 470;
+    /* legend rows below the panels: two runs (lnormd, echo) per row */
+    size_t legend_rows = (rp->n + 1) / 2;
+    if (legend_rows > 16)
+        legend_rows = 16;
+    const double W = 1100, H = 450 + 16.0 * (double)legend_rows;
     fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' height='%.0f' font-family='sans-serif'>\n", W, H);
     fprintf(f, "<rect width='100%%' height='100%%' fill='white'/>\n");
     fprintf(f, "<text x='10' y='18' font-size='12'>lnorm-bench %s | %s | %s | commit %s</text>\n",
@@ -178,7 +202,7 @@ int lnorm__report_svg(const lnorm__report *rp, const char *path)
         int k = spectrum_points(r);
         if (k < 2)
             continue;
-        const char *col = palette[i % NPAL];
+        const char *col = palette[load_index(rp, i) % NPAL];
         const char *dash = strcmp(r->label, "echo") == 0 ? "stroke-dasharray='5,3'" : "";
         fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='1.8' %s points='", col, dash);
         for (int j = 0; j < k; j++)
@@ -187,8 +211,13 @@ int lnorm__report_svg(const lnorm__report *rp, const char *path)
         fprintf(f, "'/>\n");
         char name[64];
         run_name(r, name, sizeof name);
-        if (li < 18)
-            legend(f, a.x0 + 8, a.y0 + 12, li++, col, dash, name);
+        if (li < 32) {
+            /* below the panel: lnormd in the left column, echo in the right */
+            int is_echo = strcmp(r->label, "echo") == 0;
+            legend(f, a.x0 + (is_echo ? 200 : 0), a.y0 + a.h + 58, (int)load_index(rp, i), col, dash,
+                   name);
+            li++;
+        }
     }
 
     /* right: throughput against load */
