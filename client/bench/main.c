@@ -36,6 +36,8 @@ static const char usage[] =
     "                         --spawn-listen URL), wait for its --ready-file, measure,\n"
     "                         stop it; arguments after `--` are passed to it\n"
     "  --spawn-listen URL     listen URL for the spawned lnormd (tcp://127.0.0.1:0 ok)\n"
+    "  --allow-remote         allow a URL that is not loopback or ipc (refused otherwise,\n"
+    "                         so that a load test cannot hit another machine by mistake)\n"
     "  --driver lib|raw       lib: the client library's async API (default when built\n"
     "                         with it; splits large requests into chunks); raw: one\n"
     "                         NNG message per request over req0 contexts\n"
@@ -140,6 +142,23 @@ static void git_commit(char *buf, size_t n)
     pclose(p);
 }
 
+/* Loopback or local transports only, unless --allow-remote. */
+static int url_is_local(const char *url)
+{
+    if (!strncmp(url, "ipc://", 6) || !strncmp(url, "inproc://", 9))
+        return 1;
+    const char *h = NULL;
+    if (!strncmp(url, "tcp://", 6))
+        h = url + 6;
+    else if (!strncmp(url, "tcp4://", 7) || !strncmp(url, "tcp6://", 7))
+        h = url + 7;
+    else if (!strncmp(url, "tls+tcp://", 10))
+        h = url + 10;
+    if (!h)
+        return 0;
+    return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
+}
+
 static void on_sigint(int sig)
 {
     (void)sig;
@@ -168,7 +187,7 @@ enum {
     O_MAXIF, O_DUR, O_WARM, O_REQS, O_TIMEOUT, O_GRACE, O_OP, O_DTYPE, O_ODTYPE, O_ROWS,
     O_HIDDEN, O_MIX, O_STATS, O_RESID, O_PARAMS, O_EPS, O_VARIANTS, O_SEED, O_VERIFY, O_ECHO,
     O_ECHO_ONLY, O_ECHO_URL, O_ECHO_CTX, O_JSON, O_CSV, O_PLOT, O_TAG, O_PROGRESS, O_NOPROGRESS,
-    O_ECHO_SERVE, O_READY, O_LIFETIME
+    O_ECHO_SERVE, O_READY, O_LIFETIME, O_REMOTE
 };
 
 static const struct option longopts[] = {
@@ -186,7 +205,8 @@ static const struct option longopts[] = {
     {"csv", 1, 0, O_CSV}, {"plot", 1, 0, O_PLOT}, {"tag", 1, 0, O_TAG},
     {"progress", 0, 0, O_PROGRESS}, {"no-progress", 0, 0, O_NOPROGRESS},
     {"echo-serve", 1, 0, O_ECHO_SERVE}, {"ready-file", 1, 0, O_READY},
-    {"echo-lifetime", 1, 0, O_LIFETIME}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"echo-lifetime", 1, 0, O_LIFETIME}, {"allow-remote", 0, 0, O_REMOTE},
+    {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static int bad(const char *opt, const char *val)
 {
@@ -219,7 +239,7 @@ int main(int argc, char **argv)
     int driver = LNORM__DRV_RAW;
 #endif
     int poisson = 0, max_inflight = 512, timeout_ms = 5000, echo = 0, echo_only = 0;
-    int echo_ctx = 1024, progress = isatty(2), pipeline = 0, lifetime = 3600;
+    int echo_ctx = 1024, progress = isatty(2), pipeline = 0, lifetime = 3600, allow_remote = 0;
     double duration = -1, warmup = -1, grace = 2.0, v;
     uint64_t max_requests = 0, chunk = 0, u;
     unsigned verify_n = 0;
@@ -299,6 +319,7 @@ int main(int argc, char **argv)
             if (ntags == MAX_TAGS || !strchr(optarg, '=')) return bad(name, optarg);
             tags[ntags++] = optarg;
             break;
+        case O_REMOTE: allow_remote = 1; break;
         case O_PROGRESS: progress = 1; break;
         case O_NOPROGRESS: progress = 0; break;
         case O_ECHO_SERVE: echo_serve = optarg; break;
@@ -322,6 +343,14 @@ int main(int argc, char **argv)
             return 1;
         }
         extra[nextra++] = argv[i];
+    }
+    const char *check[] = {spawn ? spawn_listen : url, echo_url_opt};
+    for (int i = 0; i < 2; i++) {
+        if (check[i] && !allow_remote && !url_is_local(check[i])) {
+            fprintf(stderr, "lnorm-bench: %s is not loopback or ipc; add --allow-remote to load it\n",
+                    check[i]);
+            return 1;
+        }
     }
     if (conc_s && rate_s) {
         fprintf(stderr, "lnorm-bench: give --concurrency (closed loop) or --rate (open loop), not both\n");
