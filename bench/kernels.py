@@ -77,6 +77,8 @@ def _rms(x, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
+    ap.add_argument("--alt", action="append", default=[],
+                    help="NAME=PATH: another build of the library (tuning variant), timed as lnormd_NAME")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
@@ -84,6 +86,7 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("LNORM_COMMIT", "unknown"))
     a = ap.parse_args()
     lib = load_lib(a.lib)
+    alts = [(kv.split("=", 1)[0], load_lib(kv.split("=", 1)[1])) for kv in a.alt]
     dev = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     total = 1 << a.elems_log2
@@ -127,6 +130,9 @@ def main():
                 res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
                 del ref
                 res["lnormd"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
+                for name, alib in alts:
+                    fn_a = lnormd_fn(alib, op, x, w, b, y)
+                    res["lnormd_" + name] = gbs(triton.testing.do_bench(fn_a, return_mode="median"))
                 res["torch_eager"] = gbs(triton.testing.do_bench(eager(op, x, w, b), return_mode="median"))
                 if op == "ln":
                     fn_t = lambda: triton_norm(x, w, b, 1e-5, rms=False, out=y)  # noqa: E731
@@ -156,13 +162,14 @@ def main():
                       f"eager {res['torch_eager']:6.0f} compile {tc if tc is None else round(tc):>6} "
                       f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} "
                       f"vs copy {res['lnormd_vs_copy']:.2f} {'OK' if res['meets_target'] else 'MISS'} "
-                      f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})", flush=True)
+                      f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
+                      + "".join(f" {n} {res['lnormd_' + n]:.0f}" for n, _ in alts), flush=True)
                 del y
         del src
     out = {"device": dev, "date": date, "commit": a.commit, "elements": total,
            "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
            "copy_gbs": copy_gbs, "torch": torch.__version__, "triton": triton.__version__,
-           "torch_compile_seconds": compile_spent, "rows": rows}
+           "torch_compile_seconds": compile_spent, "alt_builds": a.alt, "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     jpath = os.path.join(a.out, f"kernels-{date}.json")
     with open(jpath, "w") as f:

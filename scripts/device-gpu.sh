@@ -3,15 +3,18 @@
 # repository root, with a build folder made by `make device-build`
 # (build-sm90, static, sm_90) carried along:
 #   1. tests/gpu/test_gpu            (full matrix vs float64, GPU vs CPU, invariance)
+#      tests/gpu/test_backend_cuda   (lnormd's CUDA backend: concurrent jobs, slots)
 #   2. compute-sanitizer memcheck + racecheck on test_gpu --quick
 #   3. the Triton seed kernel's correctness test
 #   4. bench/kernels.py              (lnormd vs torch eager / compile / Triton seed)
 # Logs, JSON and PNG go to $OUT (default ./device-out); summary.txt lists
 # each step's exit status. Exits non-zero if any step failed.
-# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,san,triton,bench]
+# Tuning variants of the bench library found under <build>/ab/<name>/ are
+# timed beside the default build (bench/kernels.py --alt).
+# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench]
 set -u
 B=${1:-build-sm90}
-STEPS=${2:-test,san,triton,bench}
+STEPS=${2:-test,backend,san,triton,bench}
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -35,6 +38,9 @@ step() { # name, timeout, log, command...
 case ",$STEPS," in *,test,*)
   step gpu-test 240 "$OUT/gpu-test.log" "$B/tests/gpu/test_gpu" ;;
 esac
+case ",$STEPS," in *,backend,*)
+  step gpu-backend 180 "$OUT/gpu-backend.log" "$B/tests/gpu/test_backend_cuda" ;;
+esac
 case ",$STEPS," in *,san,*)
   step memcheck 240 "$OUT/sanitizer-memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --quick
   step racecheck 240 "$OUT/sanitizer-racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --quick ;;
@@ -43,7 +49,11 @@ case ",$STEPS," in *,triton,*)
   step triton-test 240 "$OUT/triton-test.log" python3 kernels/triton/test_lnorm_triton.py ;;
 esac
 case ",$STEPS," in *,bench,*)
-  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" ;;
+  ALTS=()
+  for so in "$B"/ab/*/liblnorm_cuda_bench.so; do
+    [ -f "$so" ] && ALTS+=(--alt "$(basename "$(dirname "$so")")=$so")
+  done
+  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" "${ALTS[@]}" ;;
 esac
 cat "$S"
 exit $fail

@@ -331,18 +331,65 @@ __device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__k
     }
 }
 
+/* Build-time tuning knobs (defaults chosen from bench/results/kernels-*):
+ * prefetch of the next row, register budgets of the 4- and 8-chunk tiers. */
+#ifndef LNORM_CUDA_PREFETCH
+#define LNORM_CUDA_PREFETCH 1
+#endif
+#ifndef LNORM_CUDA_REGS4
+#define LNORM_CUDA_REGS4 96
+#endif
+#ifndef LNORM_CUDA_REGS8
+#define LNORM_CUDA_REGS8 168
+#endif
+
 /* CTA size and minimum resident CTAs of a register tier: a register budget
  * of 80 a thread for 4 chunks, 128 for 8 (what they need without spills). */
 template <int TPR, int NCH> struct RegShape {
     static constexpr int block = TPR > 128 ? TPR : 128;
-    static constexpr int regs = NCH <= 4 ? 80 : 128;
+    static constexpr int regs = NCH <= 4 ? LNORM_CUDA_REGS4 : LNORM_CUDA_REGS8;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
+
+/* A row of a register tier, as its group sees it. */
+struct RowState {
+    const lnorm__kseg *s;
+    int64_t r;
+    int H;      /* 0 when the group has no row (everything masked) */
+    float K;    /* LayerNorm shift h[0]; 0 for RMSNorm */
+    bool active;
+};
+
+/* Locate the row of this thread's group starting at base, load its chunks
+ * of h (residual_out written) and its shift K. */
+template <typename TX, int TPR, int NCH, int CL>
+__device__ __forceinline__ RowState fetch_row(const lnorm__kparams &p, int64_t base, int rank, int t,
+                                              uint4 (&raw)[NCH])
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    RowState st;
+    const int64_t row = base + threadIdx.x / TPR;
+    st.active = row < p.total_rows;
+    const int64_t rr = st.active ? row : (base < p.total_rows ? base : p.total_rows - 1);
+    st.s = find_seg(p, rr);
+    st.r = rr - st.s->row_begin;
+    st.H = st.active ? (int)st.s->hidden : 0;
+    const RowPtrs<TX> q = row_ptrs<TX>(st.s, st.r);
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+        raw[j] = load_h<TX>(q, c0, st.H);
+    }
+    st.K = (st.s->op != LNORM_OP_RMSNORM && st.H > 0) ? row_shift<TX>(q) : 0.0f;
+    return st;
+}
 
 /* Register tiers: a row held in registers as raw x-dtype chunks by TPR
  * threads (NCH 16-byte chunks each), BLOCK / TPR rows per CTA, or one row
  * over a cluster of CL CTAs. Loops over rows (uniformly per CTA / cluster)
- * until the launch's rows are done. */
+ * until the launch's rows are done; the next row's loads are issued before
+ * the current row is reduced and written (software pipelining), so memory
+ * stays busy through the reductions and cluster barriers. */
 template <typename TX, int TPR, int NCH, int CL>
 __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>::min_blocks)
     k_reg(const __grid_constant__ lnorm__kparams p)
@@ -358,37 +405,45 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         rank = (int)cg::this_cluster().block_rank();
     const int64_t cid = blockIdx.x / CL, ncl = gridDim.x / CL;
     int par = 0;
-    for (int64_t base = cid * RPC; base < p.total_rows; base += ncl * RPC) {
-        const int64_t row = base + threadIdx.x / TPR;
-        const bool active = row < p.total_rows;
-        const lnorm__kseg *s = find_seg(p, active ? row : base);
-        const int64_t r = (active ? row : base) - s->row_begin;
-        const int H = active ? (int)s->hidden : 0; /* inactive: everything masked */
-        const bool rms = s->op == LNORM_OP_RMSNORM;
-        const RowPtrs<TX> q = row_ptrs<TX>(s, r);
+    uint4 raw[NCH];
+    int64_t base = cid * RPC;
+    RowState cur = fetch_row<TX, TPR, NCH, CL>(p, base, rank, t, raw);
+    while (base < p.total_rows) {
+        const int64_t nbase = base + ncl * RPC;
+#if LNORM_CUDA_PREFETCH
+        uint4 nraw[NCH];
+        RowState nxt;
+#endif
+#if LNORM_CUDA_PREFETCH
+        if (nbase < p.total_rows) /* uniform over the CTA and the cluster */
+            nxt = fetch_row<TX, TPR, NCH, CL>(p, nbase, rank, t, nraw);
+#endif
 
-        uint4 raw[NCH];
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((j * CL + rank) * TPR + t) * VEC;
-            raw[j] = load_h<TX>(q, c0, H);
-        }
-        float K = 0.0f, d = 0.0f;
+        const lnorm__kseg *s = cur.s;
+        const int H = cur.H;
+        const float K = cur.K;
+        const bool rms = s->op == LNORM_OP_RMSNORM;
+        float d = 0.0f;
         /* With one row per CTA the op is uniform and RMSNorm skips the sum;
          * with several rows per CTA every group reduces (shuffles are
-         * warp-wide), and RMSNorm ignores the result. */
+         * warp-wide), and RMSNorm ignores the result. Masked columns
+         * contribute 0; full chunks skip the mask. */
         if (RPC > 1 || !rms) {
-            if (!rms && H > 0)
-                K = row_shift<TX>(q);
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
                 const int c0 = ((j * CL + rank) * TPR + t) * VEC;
                 float f[VEC];
                 unpack<TX>(raw[j], f);
+                if (c0 + VEC <= H) {
 #pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    sum += (c0 + k < H) ? f[k] - K : 0.0f;
+                    for (int k = 0; k < VEC; k++)
+                        sum += f[k] - K;
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        sum += (c0 + k < H) ? f[k] - K : 0.0f;
+                }
             }
             sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
             par ^= 1;
@@ -401,23 +456,42 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
             const int c0 = ((j * CL + rank) * TPR + t) * VEC;
             float f[VEC];
             unpack<TX>(raw[j], f);
+            if (c0 + VEC <= H) {
 #pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
-                sq += e * e;
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (f[k] - K) - d;
+                    sq += e * e;
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
+                    sq += e * e;
+                }
             }
         }
         sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, par);
         par ^= 1;
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
-        if (active && t == 0 && rank == 0) {
+        if (cur.active && t == 0 && rank == 0) {
             if (s->mean)
-                s->mean[r] = K + d;
+                s->mean[cur.r] = K + d;
             if (s->rstd)
-                s->rstd[r] = rstd;
+                s->rstd[cur.r] = rstd;
         }
-        if (active)
-            emit_any<TX, NCH, TPR, CL>(raw, s, r, H, rank, t, K, d, rstd);
+        if (cur.active)
+            emit_any<TX, NCH, TPR, CL>(raw, s, cur.r, H, rank, t, K, d, rstd);
+        base = nbase;
+        if (base < p.total_rows) {
+#if LNORM_CUDA_PREFETCH
+            cur = nxt;
+#pragma unroll
+            for (int j = 0; j < NCH; j++)
+                raw[j] = nraw[j];
+#else
+            cur = fetch_row<TX, TPR, NCH, CL>(p, base, rank, t, raw);
+#endif
+        }
     }
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
