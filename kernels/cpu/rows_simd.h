@@ -146,11 +146,6 @@ INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mod
     return hsum(VSUB(S, C));
 }
 
-INL V ld_param(const void *p, int64_t c, int64_t n, int dt)
-{
-    return n == W ? ld_full(p, c, dt) : ld_tail(p, c, n, dt);
-}
-
 /* What the output pass of one row needs. */
 typedef struct out_args {
     const void *hp;
@@ -212,7 +207,6 @@ INL void out_pass(const out_args *a, int xdt, int ydt, int pdt)
     }
 }
 
-/* One row, x dtype xdt known at compile time after inlining. */
 /* While a row's output pass runs, a later row (at least PF_AHEAD_BYTES of
  * rows ahead) is prefetched, so DRAM works while the core computes: into
  * L1 for rows up to PF_L1_ROW_BYTES, into L2 up to PF_L2_ROW_BYTES; longer
@@ -221,6 +215,7 @@ INL void out_pass(const out_args *a, int xdt, int ydt, int pdt)
 #define PF_L1_ROW_BYTES (32u << 10)
 #define PF_L2_ROW_BYTES (256u << 10)
 
+/* One row, x dtype xdt known at compile time after inlining. */
 INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char *next_x, const char *next_r,
                  int pf_l1)
 {
