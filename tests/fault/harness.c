@@ -205,6 +205,32 @@ long fh_rss_kb(pid_t pid)
     return kb;
 }
 
+void fh_check_exit0(const fh_daemon *d, int status, const char *what)
+{
+    if (status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return;
+    const char *san = "";
+    FILE *f = fopen(d->log, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        if (strstr(line, "LeakSanitizer"))
+            san = " - LeakSanitizer reported leaks (see the log)";
+        else if (strstr(line, "AddressSanitizer"))
+            san = " - AddressSanitizer report (see the log)";
+        else if (strstr(line, "runtime error:"))
+            san = " - UndefinedBehaviorSanitizer report (see the log)";
+    }
+    if (f)
+        fclose(f);
+    fh_failures++;
+    if (status >= 0 && WIFSIGNALED(status))
+        fprintf(stderr, "FAIL: lnormd %s: killed by signal %d%s\n", what, WTERMSIG(status), san);
+    else if (status >= 0)
+        fprintf(stderr, "FAIL: lnormd %s: exit status %d, expected 0%s\n", what, WEXITSTATUS(status), san);
+    else
+        fprintf(stderr, "FAIL: lnormd %s: did not exit in time%s\n", what, san);
+}
+
 void fh_daemon_dump_log(const fh_daemon *d)
 {
     FILE *f = fopen(d->log, "r");

@@ -62,6 +62,10 @@ int fh_daemon_alive(fh_daemon *d);
 /* Resident set size of a process in KiB, from /proc/PID/status; -1 on error. */
 long fh_rss_kb(pid_t pid);
 
+/* Check a wait status from fh_daemon_stop is "exited 0"; otherwise count a
+ * failure naming what (and any sanitizer report found in the log). */
+void fh_check_exit0(const fh_daemon *d, int status, const char *what);
+
 /* Print the last bytes of the daemon's log to stderr (for failures). */
 void fh_daemon_dump_log(const fh_daemon *d);
 

@@ -20,8 +20,8 @@
  * (four rounds) Checks: the good clients get every reply right and keep
  * making progress during each round; lnormd's RSS after round 4 is within
  * max(16 MiB, 15%) of its RSS after round 2 (a leak per abandoned request
- * would grow it by ~40 MiB a round) and never above 512 MiB (1 GiB
- * under ASan); lnormd is
+ * would grow it by ~40 MiB a round) and never above 512 MiB (in ASan
+ * builds LeakSanitizer at lnormd's exit replaces these RSS checks); lnormd is
  * alive after, and exits 0 on SIGTERM.
  */
 #include <errno.h>
@@ -75,6 +75,7 @@ static void round_disconnect(const uint8_t *big, size_t biglen)
         nng_socket s;
         if (nng_req0_open(&s) != 0)
             continue;
+        nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 2000);
         if (nng_dial(s, g_tcp, NULL, 0) == 0)
             nng_send(s, (void *)big, biglen, 0);
         nng_close(s);
@@ -305,6 +306,7 @@ int main(int argc, char **argv)
         fl_peek(load, &st);
         long before = st.ok;
         int fds[64], nfds = 0;
+        printf("%s round %d: start\n", mode, round + 1);
         if (!strcmp(mode, "disconnect")) {
             round_disconnect(big, biglen);
         } else if (!strcmp(mode, "half_frame")) {
@@ -340,6 +342,12 @@ int main(int argc, char **argv)
            mode, st.ok, st.wrong, st.failed, (long long)st.max_ms, rss0, rss[0], rss[1], rss[2],
            rss[3], rss[rounds - 1]);
     FH_CHECK(st.wrong == 0 && st.failed == 0, "good clients hit problems: %s", st.first_problem);
+#if defined(__SANITIZE_ADDRESS__)
+    /* Under ASan, RSS swings by hundreds of MiB with the quarantine of freed
+     * blocks: no RSS verdict; LeakSanitizer checks lnormd's exit instead
+     * (a leak makes it exit non-zero, which fails the exit check below). */
+    printf("%s: ASan build: RSS not judged; LeakSanitizer runs at lnormd's exit\n", mode);
+#else
     /* Round 1 may still be climbing to the high-water mark of buffers held
      * (replies queued for clients that do not read, allocator caches); a
      * leak keeps growing: compare round 2 with round 4. */
@@ -352,20 +360,14 @@ int main(int argc, char **argv)
     long maxrss = 0;
     for (int i = 0; i < rounds; i++)
         maxrss = rss[i] > maxrss ? rss[i] : maxrss;
-    /* Under ASan, shadow memory and the 256 MiB quarantine of freed blocks
-     * inflate RSS; the leak check above is what matters there. */
-#if defined(__SANITIZE_ADDRESS__)
-    long bound = 1024 * 1024;
-#else
     long bound = 512 * 1024;
-#endif
     FH_CHECK(maxrss < bound, "RSS reached %ld KiB (bound %ld KiB)", maxrss, bound);
+#endif
 
     if (!strcmp(mode, "http"))
         FH_CHECK(http_get("/metrics") == 200, "/metrics does not answer 200 after the abuse");
     int status = fh_daemon_stop(&d, SIGTERM, 15000);
-    FH_CHECK(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-             "lnormd did not exit 0 on SIGTERM (wait status %d)", status);
+    fh_check_exit0(&d, status, "on SIGTERM");
     if (fh_failures)
         fh_daemon_dump_log(&d);
     free(big);

@@ -208,7 +208,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < d.nlisten; i++)
         check_health(d.listen[i]);
     int st = fh_daemon_stop(&d, SIGTERM, 15000);
-    FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0 (status %d)", st);
+    fh_check_exit0(&d, st, "with defaults, on SIGTERM");
 
     /* An ipc path given on the command line. */
     char url[400];
@@ -220,7 +220,7 @@ int main(int argc, char **argv)
         check_ipc_mode(url + 6);
         check_health(url);
         st = fh_daemon_stop(&d2, SIGTERM, 15000);
-        FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0");
+        fh_check_exit0(&d2, st, "with an ipc --listen, on SIGTERM");
     } else {
         FH_CHECK(0, "lnormd did not start with --listen %s --http off", url);
     }

@@ -300,7 +300,7 @@ int main(int argc, char **argv)
     free(hb);
     nng_close(s);
     int st = fh_daemon_stop(&d, SIGTERM, 15000);
-    FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0 (status %d)", st);
+    fh_check_exit0(&d, st, "on SIGTERM after the limits");
     if (fh_failures)
         fh_daemon_dump_log(&d);
     fh_rmdir(dir);

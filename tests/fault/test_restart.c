@@ -219,7 +219,7 @@ int main(int argc, char **argv)
              "a client made no progress after the restart");
     if (started) {
         st = fh_daemon_stop(&d2, SIGTERM, 15000);
-        FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "restarted lnormd did not exit 0");
+        fh_check_exit0(&d2, st, "restarted, on SIGTERM");
         if (fh_failures)
             fh_daemon_dump_log(&d2);
     }

@@ -107,10 +107,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "soak: ipc clients: %s\n", sb.first_problem);
     FH_CHECK(errors == 0, "%ld errors under load", errors);
     FH_CHECK(ok > 0, "no correct replies");
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's quarantine of freed blocks makes RSS meaningless here;
+     * LeakSanitizer checks lnormd's exit (non-zero on a leak) instead. */
+    printf("soak: ASan build: RSS not judged; LeakSanitizer runs at lnormd's exit\n");
+#else
     FH_CHECK(rss_warm > 0 && growth < 5.0, "RSS grew %.2f%% after warm-up (%ld -> %ld KiB)", growth,
              rss_warm, rss_end);
+#endif
     int st = fh_daemon_stop(&d, SIGTERM, 20000);
-    FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0 (status %d)", st);
+    fh_check_exit0(&d, st, "on SIGTERM after the soak");
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {

@@ -127,7 +127,7 @@ int main(int argc, char **argv)
                  "the good client failed after the bad ones");
     }
     int st = fh_daemon_stop(&d, SIGTERM, 15000);
-    FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0 (status %d)", st);
+    fh_check_exit0(&d, st, "(server auth) on SIGTERM");
     if (fh_failures)
         fh_daemon_dump_log(&d);
 
@@ -148,7 +148,7 @@ int main(int argc, char **argv)
                  "the good client failed after the refused ones");
     }
     st = fh_daemon_stop(&m, SIGTERM, 15000);
-    FH_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "lnormd did not exit 0 (status %d)", st);
+    fh_check_exit0(&m, st, "(mTLS) on SIGTERM");
     if (fh_failures)
         fh_daemon_dump_log(&m);
     fh_rmdir(g_pki);
