@@ -426,6 +426,36 @@ static void t_batch_invariance(const char *isa, lnorm_rng *g)
     lnorm_cpu_destroy(c4);
 }
 
+/* A batch of many small segments of every kind (more than the backend's
+ * on-stack task index holds), split over the pool: each one correct. */
+static void t_many_segments(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    enum { NSEG = 40 };
+    lnorm_test_case tcs[NSEG];
+    lnorm_segment segs[NSEG];
+    int made = 0;
+    for (int i = 0; i < NSEG; i++, made++) {
+        lnorm_test_case_cfg c = {.op = 1 + i % 2, .x_dtype = 1 + i % 3, .y_dtype = 1 + (i / 3) % 3,
+                                 .rows = 7 + i % 23, .hidden = 100 + 37 * i, .pad = i % 4, .gamma = i % 5 != 0,
+                                 .beta = i % 3 == 0, .residual = i % 4 == 1, .stats = i % 2 == 0};
+        if (lnorm_test_case_make(&tcs[i], &c, g)) {
+            EXPECT(0, "oom");
+            break;
+        }
+        segs[i] = tcs[i].seg;
+    }
+    if (made == NSEG) {
+        lnorm_batch b = {segs, NSEG};
+        EXPECT(lnorm_cpu_run(cpu, &b, NULL) == LNORM_OK, "run");
+        long bad = 0;
+        for (int i = 0; i < NSEG; i++)
+            bad += lnorm_test_check_segment(&segs[i], NULL, "many segments") != 0;
+        EXPECT(bad == 0, "%ld of %d segments wrong", bad, NSEG);
+    }
+    for (int i = 0; i < made; i++)
+        lnorm_test_case_free(&tcs[i]);
+}
+
 /* In place: y over x (same dtype and stride) and residual_out over
  * residual, as a caller updating its residual stream would do; results
  * equal the reference computed on the original inputs. */
@@ -543,7 +573,7 @@ static const struct {
     {"f16_tiny", t_f16_tiny},     {"cancellation", t_cancellation}, {"constant_rows", t_constant},
     {"eps_placement", t_eps_placement}, {"shared_params", t_shared_params}, {"nan_inf", t_nan_inf},
     {"reject", t_reject},         {"rms_no_mean", t_rms_no_mean}, {"concurrent_run", t_concurrent},
-    {"in_place", t_in_place},
+    {"in_place", t_in_place},     {"many_segments", t_many_segments},
 };
 
 int main(int argc, char **argv)
