@@ -5,8 +5,8 @@
 # point, ROUNDS times, through the client library (lib) and raw NNG (raw).
 # Writes bench/results/load-small-vs-echo.{json,svg,csv}.
 . "$(dirname "$0")/common.sh"
-ROUNDS=${ROUNDS:-3}
-DURATION=${DURATION:-3}
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-2}
 files=""
 for drv in lib raw; do
     for r in $(seq 1 "$ROUNDS"); do
