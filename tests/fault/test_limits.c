@@ -15,7 +15,10 @@
  *  - RegisterParams of 1 KiB each: RESOURCE_EXHAUSTED once 4096 bytes are
  *    used (within 8 tries), and after a DropParams a register succeeds;
  *  - waves of 64 concurrent requests (NNG contexts): at least one
- *    RESOURCE_EXHAUSTED (queue full), every other reply OK and correct;
+ *    RESOURCE_EXHAUSTED naming max-queue, every other reply OK and correct;
+ *  - a second lnormd with --max-inflight-bytes 1 MiB and waves of 64
+ *    requests of 256 KiB (in + out): RESOURCE_EXHAUSTED naming
+ *    max-inflight-bytes, every other reply correct, then a normalize works;
  *  - Health says serving at the end; SIGTERM exits 0.
  */
 #include <signal.h>
@@ -190,10 +193,14 @@ static void check_params_limit(nng_socket s)
 
 #define WAVE 64
 
-static void check_queue_limit(void)
+/* Waves of WAVE concurrent rows x hidden requests until one is answered
+ * RESOURCE_EXHAUSTED with `why` in its message (at most 20 waves); every
+ * other reply must be a correct OK. */
+static void check_concurrency_limit(const char *url, uint64_t rows, uint64_t hidden, const char *label,
+                                    const char *why_sub)
 {
     nng_socket s;
-    FH_CHECK(fw_req_open(&s, g_url, 10000, 100) == 0, "open");
+    FH_CHECK(fw_req_open(&s, url, 10000, 100) == 0, "open");
     nng_ctx ctx[WAVE];
     nng_aio *aio[WAVE];
     float *x[WAVE];
@@ -208,7 +215,7 @@ static void check_queue_limit(void)
         for (int i = 0; i < WAVE; i++) {
             size_t len;
             int op = i & 1 ? LNORM__V1__OP__OP_RMS_NORM : LNORM__V1__OP__OP_LAYER_NORM;
-            uint8_t *buf = fw_pack_norm((uint64_t)i, op, 16, 512, (uint32_t)(waves * WAVE + i), &x[i], &len);
+            uint8_t *buf = fw_pack_norm((uint64_t)i, op, rows, hidden, (uint32_t)(waves * WAVE + i), &x[i], &len);
             nng_msg *m;
             nng_msg_alloc(&m, 0);
             nng_msg_append(m, buf, len);
@@ -235,10 +242,14 @@ static void check_queue_limit(void)
                 Lnorm__V1__Response *r = fw_unpack(nng_msg_body(m), nng_msg_len(m));
                 nng_msg_free(m);
                 char why[200];
-                if (r && r->status && r->status->code == LNORM__V1__CODE__RESOURCE_EXHAUSTED)
+                if (r && r->status && r->status->code == LNORM__V1__CODE__RESOURCE_EXHAUSTED &&
+                    r->request_id == (uint64_t)i && r->status->message &&
+                    strstr(r->status->message, why_sub)) {
+                    if (!full)
+                        printf("limits: %s: \"%s\"\n", label, r->status->message);
                     full++;
-                else if (r && r->request_id == (uint64_t)i &&
-                         fw_check_norm(r, op, 16, 512, x[i], why, sizeof why) == 0)
+                } else if (r && r->request_id == (uint64_t)i &&
+                         fw_check_norm(r, op, rows, hidden, x[i], why, sizeof why) == 0)
                     ok++;
                 else {
                     other++;
@@ -250,9 +261,10 @@ static void check_queue_limit(void)
             free(x[i]);
         }
     }
-    printf("limits: queue (max-queue 1): %d waves of %d: %ld ok, %ld RESOURCE_EXHAUSTED, %ld other\n",
-           waves, WAVE, ok, full, other);
-    FH_CHECK(full > 0, "no RESOURCE_EXHAUSTED in %d waves of %d concurrent requests", waves, WAVE);
+    printf("limits: %s: %d waves of %d: %ld ok, %ld RESOURCE_EXHAUSTED, %ld other\n", label, waves,
+           WAVE, ok, full, other);
+    FH_CHECK(full > 0, "%s: no RESOURCE_EXHAUSTED in %d waves of %d concurrent requests", label, waves,
+             WAVE);
     FH_CHECK(other == 0, "%ld replies neither OK-and-correct nor RESOURCE_EXHAUSTED", other);
     FH_CHECK(ok > 0, "no request got through");
     for (int i = 0; i < WAVE; i++) {
@@ -287,7 +299,7 @@ int main(int argc, char **argv)
     check_shape_limits(s);
     check_transport_limit(s);
     check_params_limit(s);
-    check_queue_limit();
+    check_concurrency_limit(g_url, 16, 512, "queue (max-queue 1)", "max-queue");
     size_t len;
     uint8_t *hb = fw_pack_health(77, &len);
     Lnorm__V1__Response *r = NULL;
@@ -303,6 +315,25 @@ int main(int argc, char **argv)
     fh_check_exit0(&d, st, "on SIGTERM after the limits");
     if (fh_failures)
         fh_daemon_dump_log(&d);
+
+    /* Payload memory of requests in flight: 1 MiB holds 4 of 256 KiB. */
+    const char *args2[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
+                           "--max-inflight-bytes", "1048576", "--max-batch-rows", "32", NULL};
+    fh_daemon d2;
+    if (fh_daemon_start(&d2, argv[1], dir, args2, 15000) == 0) {
+        check_concurrency_limit(fh_daemon_url(&d2, "tcp://"), 32, 1024,
+                                "in-flight memory (max-inflight-bytes 1 MiB)", "max-inflight-bytes");
+        nng_socket s2;
+        FH_CHECK(fw_req_open(&s2, fh_daemon_url(&d2, "tcp://"), 5000, 100) == 0, "open");
+        expect_serving(s2, "max-inflight-bytes");
+        nng_close(s2);
+        st = fh_daemon_stop(&d2, SIGTERM, 15000);
+        fh_check_exit0(&d2, st, "on SIGTERM after max-inflight-bytes");
+        if (fh_failures)
+            fh_daemon_dump_log(&d2);
+    } else {
+        FH_CHECK(0, "lnormd did not start with --max-inflight-bytes");
+    }
     fh_rmdir(dir);
     return fh_finish("fault.limits");
 }
