@@ -215,9 +215,9 @@ void fh_check_exit0(const fh_daemon *d, int status, const char *what)
     while (f && fgets(line, sizeof line, f)) {
         if (strstr(line, "LeakSanitizer"))
             san = " - LeakSanitizer reported leaks (see the log)";
-        else if (strstr(line, "AddressSanitizer"))
+        else if (strstr(line, "ERROR: AddressSanitizer") && !*san)
             san = " - AddressSanitizer report (see the log)";
-        else if (strstr(line, "runtime error:"))
+        else if (strstr(line, "runtime error:") && !*san)
             san = " - UndefinedBehaviorSanitizer report (see the log)";
     }
     if (f)
