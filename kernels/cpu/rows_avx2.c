@@ -23,8 +23,16 @@
 #define VNT_ALIGN 32
 #define VKEEP(v, n) _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), \
                                                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))))
-#define VSTORE_ARR(a, v) _mm256_store_ps(a, v)
+#define VHSUM(v) avx2_hsum(v)
 #define ROWS_FN lnorm__cpu_rows_avx2
+
+/* Lanes 4..7 onto 0..3, 2..3 onto 0..1, then lane 1 onto 0. */
+static inline float avx2_hsum(__m256 v)
+{
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
 
 /* 8 floats to 8 bf16, round to nearest even, NaN kept (quiet). */
 static inline __m128i avx2_to_bf16(__m256 v)

@@ -24,8 +24,18 @@
 #define VNT_BF16(p, v) _mm256_stream_si256((__m256i *)(void *)(p), avx512_to_bf16(v))
 #define VNT_ALIGN 64
 #define VKEEP(v, n) _mm512_maskz_mov_ps((__mmask16)((1u << (n)) - 1u), v)
-#define VSTORE_ARR(a, v) _mm512_store_ps(a, v)
+#define VHSUM(v) avx512_hsum(v)
 #define ROWS_FN lnorm__cpu_rows_avx512
+
+/* Lanes 8..15 onto 0..7, 4..7 onto 0..3, 2..3 onto 0..1, then lane 1 onto 0. */
+static inline float avx512_hsum(__m512 v)
+{
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
 
 /* 16 floats to 16 bf16, round to nearest even, NaN kept (quiet). */
 static inline __m256i avx512_to_bf16(__m512 v)

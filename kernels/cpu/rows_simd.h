@@ -13,7 +13,7 @@
  *                 to the vector's store width)
  *   VNT_ALIGN     the alignment (bytes) a row of y needs for non-temporal stores
  *   VKEEP(v, n)   lanes >= n set to 0
- *   VSTORE_ARR(float *a, v)   all W lanes to an array
+ *   VHSUM(v)      sum of the lanes: upper half added onto lower half, repeated
  *   ROWS_FN       the function name to define
  */
 #include <math.h>
@@ -83,15 +83,11 @@ INL float ld1(const void *p, int dt)
     return lnorm_bf16_to_f32(*(const uint16_t *)p);
 }
 
-/* Lanes summed pairwise in a fixed order. */
+/* Lanes summed pairwise in a fixed order: upper half onto lower half until
+ * one lane is left (VHSUM, in registers). */
 INL float hsum(V v)
 {
-    _Alignas(64) float a[W];
-    VSTORE_ARR(a, v);
-    for (int w = W / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; i++)
-            a[i] += a[i + w];
-    return a[0];
+    return VHSUM(v);
 }
 
 /* The value a column contributes, before squaring: mode 0: h - K (summed);
@@ -140,10 +136,10 @@ INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mod
         S = t;
         P = VADD(P, b);
     }
-    float plain = hsum(P);
-    if (!isfinite(plain))
-        return plain; /* Inf/NaN as an uncompensated sum would give */
-    return hsum(VSUB(S, C));
+    /* A non-finite block sum (or an overflow) leaves S - C non-finite too;
+     * then the plain sum gives the Inf/NaN an uncompensated sum would. */
+    float sum = hsum(VSUB(S, C));
+    return isfinite(sum) ? sum : hsum(P);
 }
 
 /* What the output pass of one row needs. */
