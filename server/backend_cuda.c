@@ -483,7 +483,7 @@ static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev,
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
         return LNORM_ENODEV;
-    snprintf(g->name, sizeof g->name, "%s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    snprintf(g->name, sizeof g->name, "%.100s (sm_%d%d)", prop.name, prop.major, prop.minor);
     g->mem = (uint64_t)prop.totalGlobalMem;
     g->slots = calloc((size_t)nslots, sizeof *g->slots);
     if (!g->slots)
