@@ -11,6 +11,11 @@ import json
 import statistics
 
 
+def median_or_none(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
 def key(run):
     load = ("rate", run["offered_rate"]) if run["mode"] == "open" else ("c", run["concurrency"])
     return (run["target"], run["driver"]) + load
@@ -49,18 +54,25 @@ def main():
             "server_compute_us_median": statistics.median(r["server"]["compute_us_mean"] for r in runs),
             "batch_requests_median": statistics.median(r["server"]["batch_requests_mean"] for r in runs),
             "loadavg_at_start": [r.get("loadavg_at_start", "") for r in runs],
+            "server_cpu_us_per_request_median": median_or_none([r.get("cpu_us_per_request", {}).get("server") for r in runs]),
+            "client_cpu_us_per_request_median": median_or_none([r.get("cpu_us_per_request", {}).get("client") for r in runs]),
         })
     ratios = {}
+    cpu_ratios = {}
     for rd in rounds:
         for q in rd.get("ratios_vs_echo", []):
             load = ("rate", q["offered_rate"]) if "offered_rate" in q else ("c", q["concurrency"])
             ratios.setdefault((q["driver"],) + load, []).append(q["throughput_ratio"])
+            if q.get("server_cpu_per_request_ratio") is not None:
+                cpu_ratios.setdefault((q["driver"],) + load, []).append(q["server_cpu_per_request_ratio"])
     ratio_list = []
     for k, vals in sorted(ratios.items()):
         med = statistics.median(vals)
         item = {"driver": k[0], k[1] if k[1] == "c" else "offered_rate": k[2],
                 "throughput_ratio_median": med, "min": min(vals), "max": max(vals),
-                "per_round": vals}
+                "per_round": vals,
+                "server_cpu_per_request_ratio_median": median_or_none(cpu_ratios.get(k, [])),
+                "server_cpu_per_request_ratio_per_round": cpu_ratios.get(k, [])}
         if a.target_ratio is not None:
             item["target"] = a.target_ratio
             item["meets_target"] = med >= a.target_ratio

@@ -20,19 +20,22 @@ def pairs(d):
     if la:
         print("load average (1/5/15 min) at the start of the points: %s .. %s" % (la[0], la[-1]))
     print()
-    print("| driver | load | lnormd req/s | echo req/s | lnormd/echo (median, min..max) | target | lnormd p50 / p99 us | echo p50 / p99 us | server queue / compute us | batch reqs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| driver | load | lnormd req/s | echo req/s | lnormd/echo (median, min..max) | target | lnormd p50 / p99 us | echo p50 / p99 us | server queue / compute us | batch reqs | server CPU us/req lnormd / echo |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     summ = {(s["target"], s["driver"], s.get("c", s.get("offered_rate"))): s for s in d["summary"]}
     for q in d["lnormd_over_echo_throughput"]:
         load = q.get("c", q.get("offered_rate"))
         l = summ[("lnormd", q["driver"], load)]
         e = summ[("echo", "raw", load)]
-        print("| %s | c=%s | %.0f | %.0f | %.2f (%.2f..%.2f, %d rounds) | %s | %.0f / %.0f | %.0f / %.0f | %.0f / %.1f | %.1f |" % (
+        cpu = "-"
+        if l.get("server_cpu_us_per_request_median") and e.get("server_cpu_us_per_request_median"):
+            cpu = "%.1f / %.1f" % (l["server_cpu_us_per_request_median"], e["server_cpu_us_per_request_median"])
+        print("| %s | c=%s | %.0f | %.0f | %.2f (%.2f..%.2f, %d rounds) | %s | %.0f / %.0f | %.0f / %.0f | %.0f / %.1f | %.1f | %s |" % (
             q["driver"], load, l["requests_per_s_median"], e["requests_per_s_median"],
             q["throughput_ratio_median"], q["min"], q["max"], len(q["per_round"]),
             ">= %.1f: %s" % (q["target"], "met" if q["meets_target"] else "**not met**") if "target" in q else "",
             l["p50_us_median"], l["p99_us_median"], e["p50_us_median"], e["p99_us_median"],
-            l["server_queue_us_median"], l["server_compute_us_median"], l["batch_requests_median"]))
+            l["server_queue_us_median"], l["server_compute_us_median"], l["batch_requests_median"], cpu))
     print()
 
 

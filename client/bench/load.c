@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -97,11 +99,43 @@ struct run {
     _Atomic unsigned nsamples;
     uint64_t backlogged; /* scheduler thread only */
     uint64_t unsent;     /* scheduler thread only */
+    uint64_t ok_all;     /* under mu: successful replies, warm-up included */
     int closed;          /* under mu: the transport is closed */
     int leaked;          /* it did not close: never free what NNG may use */
 };
 
 static void slot_start(slot *s, uint64_t t0);
+
+/* CPU time (user + system) of a process, in microseconds; -1 if unknown. */
+static double proc_cpu_us(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* fields after the command name */
+    if (!p)
+        return -1;
+    unsigned long utime, stime;
+    /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
+        return -1;
+    return (double)(utime + stime) * 1e6 / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_us(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return -1;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 /* One request finished (kind 0 = success). */
 static void complete(slot *s, int kind, const lnorm__reply *rep, size_t tx, size_t rx)
@@ -112,6 +146,8 @@ static void complete(slot *s, int kind, const lnorm__reply *rep, size_t tx, size
     if (measured && kind == 0)
         lnorm__hist_record(r->hist, now - s->t0);
     pthread_mutex_lock(&r->mu);
+    if (kind == 0)
+        r->ok_all++;
     if (measured) {
         if (kind == 0) {
             r->ok++;
@@ -747,6 +783,8 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     }
 
     double total_s = cfg->warmup_s + cfg->duration_s;
+    double srv_cpu0 = cfg->server_pid > 0 ? proc_cpu_us(cfg->server_pid) : -1;
+    double cli_cpu0 = self_cpu_us();
     rp->t_start = lnorm__now_ns();
     rp->t_warm = rp->t_start + (uint64_t)(cfg->warmup_s * 1e9);
     rp->t_end = rp->t_start + (uint64_t)(total_s * 1e9);
@@ -763,6 +801,8 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
             slot_start(&rp->slots[i], lnorm__now_ns());
     }
     drain(rp);
+    double srv_cpu1 = cfg->server_pid > 0 ? proc_cpu_us(cfg->server_pid) : -1;
+    double cli_cpu1 = self_cpu_us();
 
     /* gather */
     pthread_mutex_lock(&rp->mu);
@@ -786,6 +826,14 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     /* requests never answered (still in flight at the hard stop) */
     pthread_mutex_unlock(&rp->mu);
     res->started = atomic_load(&rp->started);
+    res->server_cpu_us_per_req = -1;
+    res->client_cpu_us_per_req = -1;
+    if (rp->ok_all) {
+        if (srv_cpu0 >= 0 && srv_cpu1 >= srv_cpu0)
+            res->server_cpu_us_per_req = (srv_cpu1 - srv_cpu0) / (double)rp->ok_all;
+        if (cli_cpu0 >= 0 && cli_cpu1 >= cli_cpu0)
+            res->client_cpu_us_per_req = (cli_cpu1 - cli_cpu0) / (double)rp->ok_all;
+    }
     res->elapsed_s = last > rp->t_warm ? (double)(last - rp->t_warm) / 1e9 : 0;
     if (cfg->open_loop && cfg->duration_s > 0 && res->elapsed_s < cfg->duration_s * 0.5)
         res->elapsed_s = cfg->duration_s; /* nearly nothing answered: don't inflate rates */

@@ -53,6 +53,8 @@ typedef struct lnorm__runcfg {
     int progress;           /* live line on stderr */
     size_t chunk_bytes;     /* client library: chunk size (0: its default) */
     int pipeline_depth;     /* client library: chunks in flight (0: default) */
+    int server_pid;         /* the server's process id when known (spawned), else 0:
+                               its CPU time per request is then reported */
 } lnorm__runcfg;
 
 typedef struct lnorm__runres {
@@ -75,6 +77,9 @@ typedef struct lnorm__runres {
     char first_mismatch[200];
     uint64_t backlogged;    /* open loop: sends delayed by the in-flight limit */
     char error[200];        /* set when the run could not start */
+    double server_cpu_us_per_req; /* server process CPU (user+sys) per answered
+                                     request, warm-up included; -1 unknown */
+    double client_cpu_us_per_req; /* lnorm-bench's own, the same way */
     char loadavg[32];       /* /proc/loadavg (1, 5, 15 min) when the point began */
 } lnorm__runres;
 

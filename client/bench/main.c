@@ -505,6 +505,7 @@ int main(int argc, char **argv)
             cfg.progress = progress;
             cfg.chunk_bytes = (size_t)chunk;
             cfg.pipeline_depth = pipeline;
+            cfg.server_pid = tgt ? (int)echod.pid : (spawn ? (int)lnormd.pid : 0);
             if (lnorm__run(&cfg, w, &runs[nruns]) != 0) {
                 fprintf(stderr, "lnorm-bench: %s: %s\n", cfg.label, runs[nruns].error);
                 status = 1;

@@ -70,6 +70,14 @@ void lnorm__report_table(const lnorm__report *rp, FILE *o)
             fprintf(o, "        verified %llu replies against the f64 reference: %llu mismatch(es)%s%s\n",
                     (unsigned long long)r->verified, (unsigned long long)r->mismatches,
                     r->first_mismatch[0] ? "; first: " : "", r->first_mismatch);
+        if (r->server_cpu_us_per_req >= 0 || r->client_cpu_us_per_req >= 0) {
+            fprintf(o, "        CPU per request:");
+            if (r->server_cpu_us_per_req >= 0)
+                fprintf(o, " server %.1f us", r->server_cpu_us_per_req);
+            if (r->client_cpu_us_per_req >= 0)
+                fprintf(o, " lnorm-bench %.1f us", r->client_cpu_us_per_req);
+            fprintf(o, "\n");
+        }
         if (r->backlogged)
             fprintf(o, "        %llu sends waited for a free slot (in-flight limit)\n",
                     (unsigned long long)r->backlogged);
@@ -80,9 +88,12 @@ void lnorm__report_table(const lnorm__report *rp, FILE *o)
             continue;
         char load[32];
         load_str(r, load, sizeof load);
-        fprintf(o, "ratio %s/echo at %s: throughput %.3f, p50 latency %.3f, p99 latency %.3f\n",
+        fprintf(o, "ratio %s/echo at %s: throughput %.3f, p50 latency %.3f, p99 latency %.3f",
                 r->label, load, r->rps / e->rps, e->p50_ns ? (double)r->p50_ns / (double)e->p50_ns : 0,
                 e->p99_ns ? (double)r->p99_ns / (double)e->p99_ns : 0);
+        if (r->server_cpu_us_per_req > 0 && e->server_cpu_us_per_req > 0)
+            fprintf(o, ", server CPU per request %.2f", r->server_cpu_us_per_req / e->server_cpu_us_per_req);
+        fprintf(o, "\n");
     }
 }
 
@@ -226,6 +237,16 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
             fprintf(f, ", \"first\": ");
             json_str(f, r->first_mismatch);
         }
+        fprintf(f, "},\n     \"cpu_us_per_request\": {\"server\": ");
+        if (r->server_cpu_us_per_req >= 0)
+            json_num(f, r->server_cpu_us_per_req);
+        else
+            fprintf(f, "null");
+        fprintf(f, ", \"client\": ");
+        if (r->client_cpu_us_per_req >= 0)
+            json_num(f, r->client_cpu_us_per_req);
+        else
+            fprintf(f, "null");
         fprintf(f, "}, \"backlogged_sends\": %llu, \"loadavg_at_start\": ", (unsigned long long)r->backlogged);
         json_str(f, r->loadavg);
         fprintf(f, "}");
@@ -252,6 +273,11 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
         json_num(f, e->p50_ns ? (double)r->p50_ns / (double)e->p50_ns : NAN);
         fprintf(f, ", \"p99_latency_ratio\": ");
         json_num(f, e->p99_ns ? (double)r->p99_ns / (double)e->p99_ns : NAN);
+        fprintf(f, ", \"server_cpu_per_request_ratio\": ");
+        if (r->server_cpu_us_per_req > 0 && e->server_cpu_us_per_req > 0)
+            json_num(f, r->server_cpu_us_per_req / e->server_cpu_us_per_req);
+        else
+            fprintf(f, "null");
         fprintf(f, "}");
         first = 0;
     }
