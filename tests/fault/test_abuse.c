@@ -6,9 +6,10 @@
  * lnormd listens on tcp://127.0.0.1:0 and on an ipc path in a private temp
  * dir. Two well-behaved clients load it over ipc the whole time and check
  * every reply. The misbehaving clients, over tcp, in each round:
- *  - disconnect: 40 raw SP/TCP peers send a 1 MiB request and hang up at
- *    once (FIN after the whole frame, RST after the whole frame, RST after
- *    half the body), so replies have nowhere to go;
+ *  - disconnect: 20 NNG REQ sockets (in a helper process) and 40 raw
+ *    SP/TCP peers send a 1 MiB request and hang up at once (NNG close
+ *    after the send; FIN after the whole frame, RST after the whole frame,
+ *    RST after half the body), so replies have nowhere to go;
  *  - half_frame: connect and close; half an SP header; a bad SP header; a
  *    frame header with part of its body, then close; a frame claiming 2^40
  *    bytes; and 32 connections left open holding half a frame;
@@ -77,13 +78,59 @@ static void close_rst(int fd)
     close(fd);
 }
 
-/* Raw SP/TCP REQ peers: the whole 1 MiB request then close (20), the whole
- * request then a reset (10), half the body then a reset (10). (An NNG REQ
- * socket closed right after its send was used here first; NNG 1.5.2's
- * nng_close occasionally hangs in that pattern on the client side, which
- * would hang this test rather than lnormd, so raw peers are used.) */
+/* The helper process (mode "nng-peer"): n NNG REQ sockets, each dialed,
+ * sent the 1 MiB request and closed at once. */
+static int nng_peer_main(const char *url, int n)
+{
+    size_t len;
+    uint8_t *big = fw_pack_norm(1, LNORM__V1__OP__OP_LAYER_NORM, BIG_ROWS, BIG_HIDDEN, 3, NULL, &len);
+    for (int i = 0; i < n; i++) {
+        nng_socket s;
+        if (nng_req0_open(&s) != 0)
+            continue;
+        nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 2000);
+        if (nng_dial(s, url, NULL, 0) == 0)
+            nng_send(s, big, len, 0);
+        nng_close(s);
+    }
+    free(big);
+    return 0;
+}
+
+/* Run nng_peer_main in a fresh process, bounded to 30 s: NNG 1.5.2's
+ * nng_close occasionally hangs on the client side in this pattern, and
+ * that must not hang the test (it is no fault of lnormd's). */
+static void run_nng_peers(int n)
+{
+    char count[16];
+    snprintf(count, sizeof count, "%d", n);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/proc/self/exe", "fault_abuse", "-", "nng-peer", g_tcp, count, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0)
+        return;
+    int64_t end = fh_now_ms() + 30000;
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (fh_now_ms() > end) {
+            printf("disconnect: NNG peer helper stuck (nng_close in the client); killed\n");
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return;
+        }
+        fh_sleep_ms(20);
+    }
+}
+
+/* NNG REQ sockets closed right after sending (in a helper process, 20),
+ * and raw SP/TCP REQ peers: the whole 1 MiB request then close (20), the
+ * whole request then a reset (10), half the body then a reset (10). */
 static void round_disconnect(const uint8_t *big, size_t biglen)
 {
+    run_nng_peers(20);
     for (int i = 0; i < 40; i++) {
         int fd = fw_tcp_connect(g_tcp);
         FH_CHECK(fd >= 0, "connect %s", g_tcp);
@@ -280,11 +327,13 @@ static int progress_during(fl_load *l, long before, const char *what)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
+    if (argc != 3 && !(argc == 5 && !strcmp(argv[2], "nng-peer"))) {
         fprintf(stderr, "usage: %s LNORMD disconnect|half_frame|no_read|http\n", argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (argc == 5 && !strcmp(argv[2], "nng-peer"))
+        return nng_peer_main(argv[3], atoi(argv[4]));
     const char *mode = argv[2];
     char dir[256], ipc[320];
     if (fh_mkdtemp(dir, sizeof dir, "fault") != 0) {
