@@ -142,14 +142,23 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], fl
             x += red[par][w0 + i];
     }
     if constexpr (CL > 1) {
+        /* Lane k of warp 0 reads CTA k's partial (one distributed shared
+         * memory load each, not CL per thread), a fixed shuffle tree sums
+         * them, and the CTA reads the total from its own shared memory. */
         cg::cluster_group cl = cg::this_cluster();
         if (threadIdx.x == 0)
             cred[par] = x;
         cl.sync();
-        x = 0.0f;
+        if (threadIdx.x < 32) {
+            float v = threadIdx.x < CL ? *cl.map_shared_rank(&cred[par], threadIdx.x) : 0.0f;
 #pragma unroll
-        for (int k = 0; k < CL; k++)
-            x += *cl.map_shared_rank(&cred[par], k);
+            for (int m = 16; m > 0; m >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, m);
+            if (threadIdx.x == 0)
+                cred[2 + par] = v;
+        }
+        __syncthreads();
+        x = cred[2 + par];
     }
     return x;
 }
@@ -297,9 +306,11 @@ __device__ __forceinline__ void emit_row(const uint4 (&raw)[NCH], const lnorm__k
             f[k] = n;
         }
         store_chunk<TY, VEC>(yr, c0, H, yal, f);
+#if LNORM_CUDA_EMIT_BARRIER
         /* Keep the compiler from hoisting every chunk's gamma/beta loads
          * ahead (register pressure, spills); other warps hide the latency. */
         asm volatile("" ::: "memory");
+#endif
     }
 }
 
@@ -334,13 +345,16 @@ __device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__k
 /* Build-time tuning knobs (defaults chosen from bench/results/kernels-*):
  * prefetch of the next row, register budgets of the 4- and 8-chunk tiers. */
 #ifndef LNORM_CUDA_PREFETCH
-#define LNORM_CUDA_PREFETCH 1
+#define LNORM_CUDA_PREFETCH 0 /* on: slower in every row of the 2026-11-29 A/B run */
 #endif
 #ifndef LNORM_CUDA_REGS4
-#define LNORM_CUDA_REGS4 96
+#define LNORM_CUDA_REGS4 80
 #endif
 #ifndef LNORM_CUDA_REGS8
-#define LNORM_CUDA_REGS8 168
+#define LNORM_CUDA_REGS8 128
+#endif
+#ifndef LNORM_CUDA_EMIT_BARRIER
+#define LNORM_CUDA_EMIT_BARRIER 1
 #endif
 
 /* CTA size and minimum resident CTAs of a register tier: a register budget
@@ -398,7 +412,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     __shared__ float red[2][BLOCK / 32];
-    __shared__ float cred[2];
+    __shared__ float cred[4]; /* [0..1] partials read by the cluster, [2..3] totals */
     const int t = (int)(threadIdx.x % TPR);
     int rank = 0;
     if constexpr (CL > 1)
