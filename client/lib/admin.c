@@ -19,11 +19,11 @@ typedef struct admin_state {
     lnorm_server_info *out_info;
 } admin_state;
 
-static int admin_make(lnorm__call *call, uint64_t i, nng_msg **out)
+static int admin_make(lnorm__call *call, uint64_t i, uint64_t id, nng_msg **out)
 {
     admin_state *st = call->data;
     (void)i;
-    st->req.request_id = lnorm__next_id(call->c);
+    st->req.request_id = id;
     st->req.deadline_us = call->deadline_us;
     return lnorm__pack(&st->req, out);
 }

@@ -314,7 +314,8 @@ static void start_chunk(lnorm__call *call, uint64_t i)
     nng_mtx_lock(c->mtx);
     int skip = call->failed;
     nng_mtx_unlock(c->mtx);
-    int rv = skip ? LNORM_ECANCELED : call->ops->make(call, i, &m);
+    uint64_t id = skip ? 0 : lnorm__next_id(c);
+    int rv = skip ? LNORM_ECANCELED : call->ops->make(call, i, id, &m);
     if (rv != LNORM_OK) {
         nng_mtx_lock(c->mtx);
         chunk_account(call, i, rv, -1, "could not build the request");
@@ -333,6 +334,10 @@ static void start_chunk(lnorm__call *call, uint64_t i)
     nng_mtx_unlock(c->mtx);
     s->call = call;
     s->chunk = i;
+    s->id = id;
+    s->resends = 0;
+    s->sent = 0;
+    s->has_deadline = 0;
     s->sending = 1;
     nng_aio_set_msg(s->aio, m);
     nng_aio_set_timeout(s->aio, ms_to_dur(c->opts.send_timeout_ms));
@@ -369,6 +374,65 @@ static void handle_reply(lnorm__call *call, uint64_t i, nng_msg *m, int *err, in
     }
 }
 
+/* Whether an exchange failed because the connection carrying it dropped
+ * (REQ with no resend time fails the context's receive with ECONNRESET
+ * when its pipe closes). ECLOSED also comes from our own close: the
+ * caller checks c->closing. */
+static int conn_dropped(int rv)
+{
+    return rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECONNABORTED ||
+           rv == NNG_ECLOSED;
+}
+
+/* Milliseconds left before the slot's deadline (0: expired). */
+static nng_duration time_left(const lnorm__slot *s)
+{
+    nng_time now = nng_clock();
+    if (now >= s->deadline)
+        return 0;
+    uint64_t left = s->deadline - now;
+    return left > INT32_MAX ? INT32_MAX : (nng_duration)left;
+}
+
+/*
+ * After the exchange of the slot's chunk failed with rv: if the connection
+ * dropped, the client is not closing, the call has not failed, resends are
+ * left and the reply timeout (counted from the first send) has not
+ * expired, send the same request again on the same context (NNG dials
+ * again by itself; the send waits for a connection). Returns 1 when the
+ * request was resent: the slot's callback will run again and the caller
+ * must not touch the slot; 0 otherwise. The aio holds no message here.
+ */
+static int try_resend(lnorm__slot *s, int rv)
+{
+    lnorm_client *c = s->c;
+    lnorm__call *call = s->call;
+    if (!conn_dropped(rv) || s->resends >= LNORM__MAX_RESENDS)
+        return 0;
+    nng_mtx_lock(c->mtx);
+    int stop = c->closing || call->failed;
+    nng_mtx_unlock(c->mtx);
+    if (stop)
+        return 0;
+    nng_duration send_to = ms_to_dur(c->opts.send_timeout_ms);
+    if (s->has_deadline) {
+        nng_duration left = time_left(s);
+        if (left <= 0)
+            return 0;
+        if (send_to < 0 || send_to > left)
+            send_to = left;
+    }
+    nng_msg *m = NULL;
+    if (call->ops->make(call, s->chunk, s->id, &m) != LNORM_OK)
+        return 0;
+    s->resends++;
+    s->sending = 1;
+    nng_aio_set_msg(s->aio, m);
+    nng_aio_set_timeout(s->aio, send_to);
+    nng_ctx_send(s->ctx, s->aio);
+    return 1;
+}
+
 static void slot_cb(void *arg)
 {
     lnorm__slot *s = arg;
@@ -381,15 +445,32 @@ static void slot_cb(void *arg)
     if (s->sending) {
         if (rv == 0) {
             s->sending = 0;
-            nng_aio_set_timeout(s->aio, call->recv_timeout);
+            nng_duration to = call->recv_timeout;
+            if (!s->sent) {
+                /* The reply timeout runs from the first send, resends
+                 * included. */
+                s->sent = 1;
+                s->has_deadline = to >= 0;
+                if (s->has_deadline)
+                    s->deadline = nng_clock() + (nng_time)to;
+            } else if (s->has_deadline) {
+                to = time_left(s);
+                if (to < 1)
+                    to = 1;
+            }
+            nng_aio_set_timeout(s->aio, to);
             nng_ctx_recv(s->ctx, s->aio);
             return;
         }
         nng_msg_free(nng_aio_get_msg(s->aio));
         nng_aio_set_msg(s->aio, NULL);
+        if (try_resend(s, rv))
+            return;
         err = lnorm__from_nng(rv);
         snprintf(why, sizeof why, "send failed: %s", nng_strerror(rv));
     } else if (rv != 0) {
+        if (try_resend(s, rv))
+            return;
         err = lnorm__from_nng(rv);
         snprintf(why, sizeof why, "%s", rv == NNG_ETIMEDOUT ? "no reply before the timeout"
                                                            : nng_strerror(rv));
@@ -398,6 +479,11 @@ static void slot_cb(void *arg)
         nng_aio_set_msg(s->aio, NULL);
         handle_reply(call, s->chunk, m, &err, &status, why, sizeof why);
         nng_msg_free(m);
+    }
+    if (rv != 0 && s->resends > 0) {
+        size_t n = strlen(why);
+        snprintf(why + n, sizeof why - n, " (after %d resend%s)", s->resends,
+                 s->resends == 1 ? "" : "s");
     }
     nng_mtx_lock(c->mtx);
     if (rv != 0 && c->closing) {

@@ -43,9 +43,11 @@ int lnorm__resp_parse(const void *buf, size_t n, lnorm__resp_view *v);
 int lnorm__norm_parse(lnorm__span body, lnorm__span out[5]);
 
 /* What a kind of call does with its chunks: build the request message of
- * chunk i, and take the reply of chunk i (status already OK). */
+ * chunk i with request id id (called again, with the same id, to resend the
+ * chunk after its connection dropped: it must then build the same message),
+ * and take the reply of chunk i (status already OK). */
 typedef struct lnorm__call_ops {
-    int (*make)(lnorm__call *call, uint64_t i, nng_msg **out);
+    int (*make)(lnorm__call *call, uint64_t i, uint64_t id, nng_msg **out);
     int (*take)(lnorm__call *call, uint64_t i, const lnorm__resp_view *resp);
 } lnorm__call_ops;
 
@@ -69,6 +71,9 @@ struct lnorm__call {
     void (*cleanup)(lnorm__call *call); /* frees data; may be NULL */
 };
 
+/* At most this many resends of one chunk after its connection dropped. */
+#define LNORM__MAX_RESENDS 4
+
 /* One NNG context and its aio, reused from call to call. */
 struct lnorm__slot {
     lnorm__slot *next_free;
@@ -78,6 +83,11 @@ struct lnorm__slot {
     int sending;
     lnorm__call *call;
     uint64_t chunk;
+    uint64_t id;             /* request id of the chunk (kept for resends) */
+    int resends;             /* resends of the chunk so far */
+    int sent;                /* the chunk's first send has completed */
+    int has_deadline;        /* 0: the reply timeout is infinite */
+    nng_time deadline;       /* first send + reply timeout */
 };
 
 struct lnorm_client {

@@ -101,7 +101,7 @@ typedef struct norm_state {
     uint64_t rows_per_chunk;
 } norm_state;
 
-static int norm_make(lnorm__call *call, uint64_t i, nng_msg **out)
+static int norm_make(lnorm__call *call, uint64_t i, uint64_t id, nng_msg **out)
 {
     norm_state *st = call->data;
     const lnorm_normalize_req *r = &st->r;
@@ -143,7 +143,7 @@ static int norm_make(lnorm__call *call, uint64_t i, nng_msg **out)
     n.want_stats = st->stats;
 
     Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
-    req.request_id = lnorm__next_id(call->c);
+    req.request_id = id;
     req.deadline_us = call->deadline_us;
     req.body_case = LNORM__V1__REQUEST__BODY_NORMALIZE;
     req.normalize = &n;

@@ -70,6 +70,15 @@ typedef struct lnorm_client_opts {
     int resend_ms;           /* REQ resend interval; <= 0: never resend on a live
                                 connection (default; requests on a dropped
                                 connection are still resent elsewhere) */
+    /* A request whose connection drops before its reply (server killed
+     * or restarted, connection reset) is sent again, the same request, on
+     * the next connection available (to the same server once it is back,
+     * or to another of the client's URLs): with resend_ms > 0 NNG does it;
+     * with resend_ms <= 0 the library does it, up to 4 times per request
+     * and only while the request's reply timeout, counted from its first
+     * send, has not expired (each wait for a connection is also bounded by
+     * send_timeout_ms). Normalize, health and info are idempotent; for
+     * register_params and drop_params see there. */
     size_t chunk_bytes;      /* bytes of x per chunk (0: LNORM_DEFAULT_CHUNK_BYTES) */
     int pipeline_depth;      /* chunks of one call in flight at once (0: default) */
     size_t max_recv_bytes;   /* largest reply accepted (0: 1 GiB) */
@@ -186,10 +195,15 @@ typedef struct lnorm_params_desc {
     const void *beta;        /* hidden elements, or NULL */
 } lnorm_params_desc;
 
-/* Register gamma/beta under an id (LNORM_EEXIST if the id is taken). */
+/* Register gamma/beta under an id (LNORM_EEXIST if the id is taken). If
+ * the connection drops after the server applied the request but before its
+ * reply arrived, the request is resent (see resend_ms) and may then fail
+ * with LNORM_EEXIST although this very call registered the id. */
 int lnorm_register_params(lnorm_client *c, const lnorm_params_desc *p, lnorm_result *res);
 
-/* Drop registered parameters (LNORM_ENOTFOUND if the id is unknown). */
+/* Drop registered parameters (LNORM_ENOTFOUND if the id is unknown). As
+ * for register, a resend after a dropped connection may answer
+ * LNORM_ENOTFOUND for parameters that this very call dropped. */
 int lnorm_drop_params(lnorm_client *c, const char *id, lnorm_result *res);
 
 /* Ask a server whether it is serving; *serving is set to 0 or 1. */
