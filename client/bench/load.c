@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -106,10 +107,37 @@ struct run {
 
 static void slot_start(slot *s, uint64_t t0);
 
-/* CPU time (user + system) of a process, in microseconds; -1 if unknown. */
+/* CPU time of a process in microseconds, -1 if unknown: the sum of its
+ * threads' run time from /proc/<pid>/task/<tid>/schedstat (nanoseconds),
+ * or, without schedstat, user + system ticks from /proc/<pid>/stat. */
 static double proc_cpu_us(pid_t pid)
 {
-    char path[64];
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (d) {
+        double total = 0;
+        int n = 0;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] == '.')
+                continue;
+            char sp[160];
+            snprintf(sp, sizeof sp, "/proc/%d/task/%.20s/schedstat", (int)pid, e->d_name);
+            FILE *f = fopen(sp, "r");
+            if (!f)
+                continue;
+            unsigned long long ns;
+            if (fscanf(f, "%llu", &ns) == 1) {
+                total += (double)ns / 1e3;
+                n++;
+            }
+            fclose(f);
+        }
+        closedir(d);
+        if (n > 0)
+            return total;
+    }
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
     if (!f)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench.smoke: lnorm-bench against a test lnormd that it starts itself on a
 # private ipc path (--spawn waits for lnormd's --ready-file), a few hundred
-# requests with replies verified, then the JSON is checked for sane fields.
+# requests with replies verified, the echo baseline beside it, then the JSON
+# is checked for sane fields.
 # usage: smoke.sh LNORM_BENCH LNORMD WORKDIR
 set -eu
 BENCH=$1 LNORMD=$2 WORK=$3
@@ -11,7 +12,7 @@ rm -f "$WORK/smoke.json" "$WORK/smoke.svg" "$WORK/smoke.csv"
 rc=0
 "$BENCH" --spawn "$LNORMD" --concurrency 1,8 --requests 300 --duration 8 --timeout 3000 \
     --grace 1 --mix "1x1024:f32:ln:3,4x512:bf16:rms:1,2x256:f16:ln:out=f32:1" --stats \
-    --residual --params inline --verify 100 --no-progress \
+    --residual --params inline --verify 100 --echo --no-progress \
     --json "$WORK/smoke.json" --csv "$WORK/smoke.csv" --plot "$WORK/smoke.svg" \
     -- --cpu-threads 1 || rc=$?
 if [ "$rc" -ne 0 ]; then
@@ -26,8 +27,15 @@ def need(cond, what):
     if not cond:
         bad.append(what)
 need(d.get("device") and d.get("date") and d.get("commit"), "device/date/commit present")
-runs = d["runs"]
-need(len(runs) == 2, "two points (c=1, c=8)")
+allruns = d["runs"]
+runs = [r for r in allruns if r["target"] == "lnormd"]
+echo = [r for r in allruns if r["target"] == "echo"]
+need(len(runs) == 2 and len(echo) == 2, "two points (c=1, c=8) for lnormd and for echo")
+for r in echo:
+    need(r["requests"] > 0 and r["errors"] == 0, "echo c=%s: requests > 0, errors == 0" % r.get("concurrency"))
+    need(r["latency_us"]["p50"] <= r["latency_us"]["p99"] <= r["latency_us"]["max"], "echo: p50 <= p99 <= max")
+need(len(d["ratios_vs_echo"]) == 2 and all(q["throughput_ratio"] > 0 for q in d["ratios_vs_echo"]),
+     "lnormd/echo ratios present")
 for r in runs:
     name = "%s c=%s" % (r["target"], r.get("concurrency"))
     lat = r["latency_us"]
