@@ -1,4 +1,5 @@
 /* The CPU backend: ISA choice, batch splitting and the lnorm_cpu_* API. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,19 +37,37 @@ struct lnorm_cpu {
     int isa; /* index into isa_table */
 };
 
+/* Which entries of isa_table this machine can run, found once. */
+static int isa_ok[NISA];
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+static void isa_probe(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+#endif
+    for (int i = 0; i < NISA; i++) {
+        const char *n = isa_table[i].name;
+        isa_ok[i] = 1; /* scalar; on non-x86 builds the table holds nothing else */
+#if defined(__x86_64__) || defined(__i386__)
+        if (!strcmp(n, "avx512"))
+            isa_ok[i] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+                        __builtin_cpu_supports("fma");
+        else if (!strcmp(n, "avx2"))
+            isa_ok[i] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                        __builtin_cpu_supports("f16c");
+#else
+        (void)n;
+#endif
+    }
+}
+
 /* Whether this machine can run entry i of isa_table. */
 static int isa_supported(int i)
 {
-    const char *n = isa_table[i].name;
-    __builtin_cpu_init();
-    if (!strcmp(n, "avx512"))
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
-               __builtin_cpu_supports("fma");
-    if (!strcmp(n, "avx2"))
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    return 1;
+    pthread_once(&isa_once, isa_probe);
+    return isa_ok[i];
 }
 
 static int isa_find(const char *name)
