@@ -21,10 +21,11 @@ fi
 
 build=${BUILD:-build-bench-cpu}
 jobs=${JOBS:-2}
-if ! cmake -S . -B "$build" -DLNORM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >"$build.configure.log" 2>&1; then
+mkdir -p "$build"
+if ! cmake -S . -B "$build" -DLNORM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >"$build/run-configure.log" 2>&1; then
   # The full project failed to configure (a dependency of another component
   # missing?): build only what the benchmark needs, from a minimal project.
-  echo "run.sh: full configure failed (see $build.configure.log); using a minimal bench-only project" >&2
+  echo "run.sh: full configure failed (see $build/run-configure.log); using a minimal bench-only project" >&2
   mini="$build/mini-src"
   mkdir -p "$mini"
   cat >"$mini/CMakeLists.txt" <<CMK
