@@ -22,6 +22,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -169,6 +170,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
         return 2;
     }
+    /* The private /tmp hides anything under the real /tmp, lnormd's build
+     * folder included (CI clones there): keep it open and exec it through
+     * /proc/self/fd (the fd is inherited by the child). */
+    int exe_fd = open(argv[1], O_RDONLY);
+    if (exe_fd < 0) {
+        fprintf(stderr, "defaults: %s: %s\n", argv[1], strerror(errno));
+        return 1;
+    }
+    static char exe[64];
+    snprintf(exe, sizeof exe, "/proc/self/fd/%d", exe_fd);
+    argv[1] = exe;
     if (isolate() != 0) {
         fprintf(stderr, "defaults: SKIPPED: needs root (CAP_SYS_ADMIN) for private net/mount "
                         "namespaces, so as not to bind the real default port and path\n");
