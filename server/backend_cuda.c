@@ -28,7 +28,7 @@
 #define LNORM__CUDA_WS_SEGS 1024
 #define LNORM__CUDA_ALIGN 256
 
-/* Header in front of every buf_alloc block: how it was allocated. */
+/* Header in front of every buf_alloc block (lnorm__buf_hdr, padded). */
 #define LNORM__BUF_HDR 64
 #define LNORM__BUF_PINNED 0x50494e4eu
 #define LNORM__BUF_MALLOC 0x4d414c4cu
@@ -366,19 +366,67 @@ static int lnorm__cuda_submit(lnorm__backend *base, lnorm__job *job)
     return LNORM_OK;
 }
 
+/* Pinned payload buffers are recycled: cudaHostAlloc costs tens of
+ * microseconds and more for large blocks, too much per request. Blocks are
+ * rounded up to a power of two (4 KiB .. 1 GiB) and freed blocks kept on a
+ * per-size free list, up to LNORM__POOL_CAP bytes in all. The pool is
+ * process-wide so that buffers freed after the backend is destroyed (the
+ * daemon's parameter registry, say) are still handled. */
+#define LNORM__POOL_MIN 12
+#define LNORM__POOL_MAX 30
+#define LNORM__POOL_CAP ((size_t)1 << 30)
+
+typedef struct lnorm__buf_hdr {
+    uint32_t tag;  /* LNORM__BUF_PINNED or LNORM__BUF_MALLOC */
+    uint32_t cls;  /* size class (block = 1 << cls bytes), 0: not pooled */
+    void *next;    /* free-list link while pooled */
+} lnorm__buf_hdr;
+
+static pthread_mutex_t lnorm__pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static lnorm__buf_hdr *lnorm__pool[LNORM__POOL_MAX + 1];
+static size_t lnorm__pool_bytes;
+
+static void lnorm__block_free(lnorm__buf_hdr *h)
+{
+    if (h->tag == LNORM__BUF_PINNED)
+        cudaFreeHost(h);
+    else
+        free(h);
+}
+
 static void *lnorm__cuda_buf_alloc(lnorm__backend *base, size_t n)
 {
     (void)base;
+    size_t total = n + LNORM__BUF_HDR;
+    uint32_t cls = 0;
+    if (total <= ((size_t)1 << LNORM__POOL_MAX)) {
+        cls = LNORM__POOL_MIN;
+        while (((size_t)1 << cls) < total)
+            cls++;
+        total = (size_t)1 << cls;
+        pthread_mutex_lock(&lnorm__pool_mu);
+        lnorm__buf_hdr *h = lnorm__pool[cls];
+        if (h) {
+            lnorm__pool[cls] = h->next;
+            lnorm__pool_bytes -= total;
+        }
+        pthread_mutex_unlock(&lnorm__pool_mu);
+        if (h)
+            return (char *)h + LNORM__BUF_HDR;
+    }
     void *p = NULL;
     uint32_t tag = LNORM__BUF_PINNED;
-    if (cudaHostAlloc(&p, n + LNORM__BUF_HDR, cudaHostAllocPortable) != cudaSuccess) {
+    if (cudaHostAlloc(&p, total, cudaHostAllocPortable) != cudaSuccess) {
         (void)cudaGetLastError();
         p = NULL;
-        if (posix_memalign(&p, LNORM__BUF_HDR, n + LNORM__BUF_HDR))
+        if (posix_memalign(&p, LNORM__BUF_HDR, total))
             return NULL;
         tag = LNORM__BUF_MALLOC;
     }
-    memcpy(p, &tag, sizeof tag);
+    lnorm__buf_hdr *h = p;
+    h->tag = tag;
+    h->cls = cls;
+    h->next = NULL;
     return (char *)p + LNORM__BUF_HDR;
 }
 
@@ -387,13 +435,21 @@ static void lnorm__cuda_buf_free(lnorm__backend *base, void *q)
     (void)base;
     if (!q)
         return;
-    char *p = (char *)q - LNORM__BUF_HDR;
-    uint32_t tag;
-    memcpy(&tag, p, sizeof tag);
-    if (tag == LNORM__BUF_PINNED)
-        cudaFreeHost(p);
-    else
-        free(p);
+    lnorm__buf_hdr *h = (lnorm__buf_hdr *)((char *)q - LNORM__BUF_HDR);
+    if (h->cls) {
+        size_t sz = (size_t)1 << h->cls;
+        pthread_mutex_lock(&lnorm__pool_mu);
+        if (lnorm__pool_bytes + sz <= LNORM__POOL_CAP) {
+            h->next = lnorm__pool[h->cls];
+            lnorm__pool[h->cls] = h;
+            lnorm__pool_bytes += sz;
+            h = NULL;
+        }
+        pthread_mutex_unlock(&lnorm__pool_mu);
+        if (!h)
+            return;
+    }
+    lnorm__block_free(h);
 }
 
 static int lnorm__cuda_devices(lnorm__backend *base, lnorm__device_info *out, int max)
