@@ -9,7 +9,8 @@
 #   4. bench/kernels.py              (lnormd vs torch eager / compile / Triton seed)
 # Logs, JSON and PNG go to $OUT (default ./device-out); summary.txt lists
 # each step's exit status. Exits non-zero if any step failed.
-# Tuning variants of the bench library found under <build>/ab/<name>/ are
+# Tuning variants of the bench library found under <build>/ab/<name>/
+# (scripts/device-ab-build.sh) are
 # timed beside the default build (bench/kernels.py --alt).
 # Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench]
 set -u
