@@ -15,6 +15,8 @@ struct lnorm__batcher {
     uint64_t qlen, qrows, qbytes;
     uint64_t qdeadlines;      /* queued requests that have a deadline */
     int inflight;             /* jobs on the backend */
+    int kickers;              /* threads inside lnorm__kick_locked */
+    int rekick;               /* a job finished inside a kick on its thread */
     int closed;               /* loop handles closed: no more wake-ups */
     lnorm__batcher_opts opts;
     uv_async_t wake;
@@ -41,7 +43,13 @@ typedef struct lnorm__bjob {
     lnorm_segment *segs;
 } lnorm__bjob;
 
-static void lnorm__batcher_kick(lnorm__batcher *b);
+static void lnorm__kick_locked(lnorm__batcher *b);
+
+static void lnorm__batcher_kick(lnorm__batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    lnorm__kick_locked(b);
+}
 
 static void lnorm__on_wake(uv_async_t *h)
 {
@@ -57,12 +65,14 @@ static void lnorm__on_timer(uv_poll_t *h, int status, int events)
     if (read(b->tfd, &expirations, sizeof expirations) < 0) {
         /* EAGAIN: already consumed; nothing to do but re-check. */
     }
+    pthread_mutex_lock(&b->mu);
     b->timer_at = 0;
-    lnorm__batcher_kick(b);
+    lnorm__kick_locked(b);
 }
 
-/* Arm the timer for the absolute monotonic time at (0: disarm). */
-static void lnorm__timer_set(lnorm__batcher *b, uint64_t at)
+/* Arm the timer for the absolute monotonic time at (0: disarm); lock held
+ * (any thread: the timerfd is polled by the loop, set by whoever kicks). */
+static void lnorm__timer_set_locked(lnorm__batcher *b, uint64_t at)
 {
     if (at == b->timer_at)
         return;
@@ -136,8 +146,9 @@ int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r)
     b->qbytes += r->bytes;
     b->qdeadlines += r->deadline_ns != 0;
     atomic_fetch_add(&b->st->queue_depth, 1);
-    uv_async_send(&b->wake); /* under the lock: close cannot race it */
-    pthread_mutex_unlock(&b->mu);
+    /* Form and submit batches right here, on the receiving thread: no
+     * hand-off to the loop (it only fires the max_queue_delay_us timer). */
+    lnorm__kick_locked(b);
     return LNORM_OK;
 }
 
@@ -145,14 +156,13 @@ void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts)
 {
     pthread_mutex_lock(&b->mu);
     b->opts = *opts;
-    pthread_mutex_unlock(&b->mu);
-    lnorm__batcher_kick(b);
+    lnorm__kick_locked(b);
 }
 
 int lnorm__batcher_idle(lnorm__batcher *b)
 {
     pthread_mutex_lock(&b->mu);
-    int idle = !b->head && !b->inflight;
+    int idle = !b->head && !b->inflight && !b->kickers;
     pthread_mutex_unlock(&b->mu);
     return idle;
 }
@@ -199,8 +209,11 @@ static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t 
     pthread_mutex_lock(&b->mu);
     b->inflight--;
     atomic_fetch_sub(&b->st->batches_inflight, 1);
-    if (!b->closed)
-        uv_async_send(&b->wake); /* under the lock: close cannot race it */
+    if (!b->closed) {
+        /* The backend has room again: form the next batch on this thread. */
+        lnorm__kick_locked(b);
+        return;
+    }
     pthread_cond_broadcast(&b->idle_cv);
     pthread_mutex_unlock(&b->mu);
 }
@@ -240,67 +253,95 @@ static lnorm__bjob *lnorm__take_locked(lnorm__batcher *b)
     return j;
 }
 
-static void lnorm__batcher_kick(lnorm__batcher *b)
+/* The batcher a thread is kicking: a job that finishes inside a kick (a
+ * backend that ran it inline, or one that refused it) asks that kick to go
+ * round again instead of recursing. */
+static _Thread_local lnorm__batcher *lnorm__tl_kicking;
+
+/* Fail expired requests, form batches and submit them while the backend has
+ * room, arm the timer for the next batch or deadline. Any thread: entered
+ * with the lock held, returns with it released. */
+static void lnorm__kick_locked(lnorm__batcher *b)
 {
-    lnorm__req *expired = NULL, **exp_tail = &expired;
-    lnorm__bjob *jobs[64];
-    int njobs = 0;
-    uint64_t now = lnorm__now_ns(), wake_at = 0;
+    if (lnorm__tl_kicking == b) {
+        b->rekick = 1;
+        pthread_mutex_unlock(&b->mu);
+        return;
+    }
+    lnorm__tl_kicking = b;
+    b->kickers++;
+    for (;;) {
+        lnorm__req *expired = NULL, **exp_tail = &expired;
+        lnorm__bjob *jobs[64];
+        int njobs = 0;
+        uint64_t now = lnorm__now_ns(), wake_at = 0;
 
-    pthread_mutex_lock(&b->mu);
-    /* Requests past their deadline leave the queue uncomputed. */
-    for (lnorm__req *prev = NULL, *r = b->qdeadlines ? b->head : NULL; r;) {
-        lnorm__req *next = r->next;
-        if (r->deadline_ns && now >= r->deadline_ns) {
-            lnorm__unlink_locked(b, prev, r);
-            *exp_tail = r;
-            exp_tail = &r->next;
-        } else {
-            prev = r;
+        b->rekick = 0;
+        /* Requests past their deadline leave the queue uncomputed. */
+        for (lnorm__req *prev = NULL, *r = b->qdeadlines ? b->head : NULL; r;) {
+            lnorm__req *next = r->next;
+            if (r->deadline_ns && now >= r->deadline_ns) {
+                lnorm__unlink_locked(b, prev, r);
+                *exp_tail = r;
+                exp_tail = &r->next;
+            } else {
+                prev = r;
+            }
+            r = next;
         }
-        r = next;
-    }
-    while (b->head && b->inflight < b->max_inflight && njobs < 64) {
-        uint64_t ready_at = b->head->recv_ns + b->opts.max_queue_delay_us * 1000;
-        if (b->opts.max_queue_delay_us && now < ready_at && b->qrows < b->opts.max_batch_rows &&
-            b->qbytes < b->opts.max_batch_bytes) {
-            wake_at = ready_at;
+        while (b->head && b->inflight < b->max_inflight && njobs < 64) {
+            uint64_t ready_at = b->head->recv_ns + b->opts.max_queue_delay_us * 1000;
+            if (b->opts.max_queue_delay_us && now < ready_at && b->qrows < b->opts.max_batch_rows &&
+                b->qbytes < b->opts.max_batch_bytes) {
+                wake_at = ready_at;
+                break;
+            }
+            lnorm__bjob *j = lnorm__take_locked(b);
+            if (!j) {
+                wake_at = now + 1000000; /* out of memory: retry in 1 ms */
+                break;
+            }
+            b->inflight++;
+            atomic_fetch_add(&b->st->batches_inflight, 1);
+            jobs[njobs++] = j;
+        }
+        for (lnorm__req *r = b->qdeadlines ? b->head : NULL; r; r = r->next)
+            if (r->deadline_ns && (!wake_at || r->deadline_ns < wake_at))
+                wake_at = r->deadline_ns;
+        /* With a batch running, its completion kicks again: no timer is
+         * needed for a head that is ready but waiting for room. */
+        lnorm__timer_set_locked(b, wake_at ? (wake_at > now ? wake_at : now + 1) : 0);
+        pthread_mutex_unlock(&b->mu);
+
+        while (expired) {
+            lnorm__req *r = expired;
+            expired = r->next;
+            r->next = NULL;
+            lnorm__timing t = {(now - r->recv_ns) / 1000, 0, 0, 0};
+            b->finish(b->arg, r, LNORM_ETIMEDOUT, "deadline exceeded while queued", &t);
+        }
+        for (int i = 0; i < njobs; i++) {
+            lnorm__bjob *j = jobs[i];
+            j->start_ns = lnorm__now_ns();
+            atomic_fetch_add(&b->st->batches, 1);
+            lnorm__hist_observe(&b->st->batch_rows, (double)j->job.rows);
+            lnorm__hist_observe(&b->st->batch_requests, (double)j->n);
+            for (size_t k = 0; k < j->n; k++)
+                lnorm__hist_observe(&b->st->queue_seconds, (double)(j->start_ns - j->reqs[k]->recv_ns) / 1e9);
+            /* The backend may run the job right here and call done. */
+            int rc = b->be->ops->submit(b->be, &j->job);
+            if (rc != LNORM_OK)
+                lnorm__job_done(&j->job, rc, "backend refused the batch", 0);
+        }
+
+        pthread_mutex_lock(&b->mu);
+        if (!(b->rekick || njobs == 64) || b->closed)
             break;
-        }
-        lnorm__bjob *j = lnorm__take_locked(b);
-        if (!j) {
-            wake_at = now + 1000000; /* out of memory: retry in 1 ms */
-            break;
-        }
-        b->inflight++;
-        atomic_fetch_add(&b->st->batches_inflight, 1);
-        jobs[njobs++] = j;
     }
-    for (lnorm__req *r = b->qdeadlines ? b->head : NULL; r; r = r->next)
-        if (r->deadline_ns && (!wake_at || r->deadline_ns < wake_at))
-            wake_at = r->deadline_ns;
+    b->kickers--;
+    lnorm__tl_kicking = NULL;
+    pthread_cond_broadcast(&b->idle_cv);
     pthread_mutex_unlock(&b->mu);
-
-    lnorm__timer_set(b, wake_at ? (wake_at > now ? wake_at : now + 1) : 0);
-    while (expired) {
-        lnorm__req *r = expired;
-        expired = r->next;
-        r->next = NULL;
-        lnorm__timing t = {(now - r->recv_ns) / 1000, 0, 0, 0};
-        b->finish(b->arg, r, LNORM_ETIMEDOUT, "deadline exceeded while queued", &t);
-    }
-    for (int i = 0; i < njobs; i++) {
-        lnorm__bjob *j = jobs[i];
-        j->start_ns = lnorm__now_ns();
-        atomic_fetch_add(&b->st->batches, 1);
-        lnorm__hist_observe(&b->st->batch_rows, (double)j->job.rows);
-        lnorm__hist_observe(&b->st->batch_requests, (double)j->n);
-        for (size_t k = 0; k < j->n; k++)
-            lnorm__hist_observe(&b->st->queue_seconds, (double)(j->start_ns - j->reqs[k]->recv_ns) / 1e9);
-        int rc = b->be->ops->submit(b->be, &j->job);
-        if (rc != LNORM_OK)
-            lnorm__job_done(&j->job, rc, "backend refused the batch", 0);
-    }
 }
 
 void lnorm__batcher_close(lnorm__batcher *b)
@@ -333,7 +374,7 @@ void lnorm__batcher_abort(lnorm__batcher *b)
         b->finish(b->arg, r, LNORM_EUNAVAIL, "lnormd is shutting down", &t);
     }
     pthread_mutex_lock(&b->mu);
-    while (b->inflight)
+    while (b->inflight || b->kickers)
         pthread_cond_wait(&b->idle_cv, &b->mu);
     pthread_mutex_unlock(&b->mu);
 }
