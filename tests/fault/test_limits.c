@@ -5,8 +5,8 @@
  *   fault_limits LNORMD
  *
  * lnormd runs with small limits: --max-message-bytes 65536 --max-rows 64
- * --max-hidden 512 --max-params-bytes 4096 --max-queue 1
- * --max-batch-rows 16. Checks, each followed by a correct normalize:
+ * --max-hidden 512 --max-params-bytes 4096. Checks, each followed by a
+ * correct normalize:
  *  - rows 65: RESOURCE_EXHAUSTED; hidden 513: RESOURCE_EXHAUSTED;
  *  - a 128 KiB request (over max-message-bytes, under the NNG limit of
  *    max-message-bytes + 1 MiB): RESOURCE_EXHAUSTED, with its request_id;
@@ -14,10 +14,12 @@
  *    closes that connection, as docs/protocol.md says), other sockets fine;
  *  - RegisterParams of 1 KiB each: RESOURCE_EXHAUSTED once 4096 bytes are
  *    used (within 8 tries), and after a DropParams a register succeeds;
- *  - waves of 64 concurrent requests (NNG contexts): at least one
- *    RESOURCE_EXHAUSTED naming max-queue, every other reply OK and correct;
- *  - a second lnormd with --max-inflight-bytes 1 MiB and waves of 64
- *    requests of 256 KiB (in + out): RESOURCE_EXHAUSTED naming
+ *  - a second lnormd with --max-queue 1 and waves of 64 concurrent
+ *    requests (NNG contexts) of 64 x 2048 f32 (big enough not to run
+ *    inline): at least one RESOURCE_EXHAUSTED naming max-queue, every
+ *    other reply OK and correct;
+ *  - a third lnormd with --max-inflight-bytes 2 MiB and waves of 64
+ *    requests of 1 MiB (in + out): RESOURCE_EXHAUSTED naming
  *    max-inflight-bytes, every other reply correct, then a normalize works;
  *  - Health says serving at the end; SIGTERM exits 0.
  */
@@ -274,6 +276,28 @@ static void check_concurrency_limit(const char *url, uint64_t rows, uint64_t hid
     nng_close(s);
 }
 
+/* A second lnormd with args; waves of rows x hidden requests must hit the
+ * limit named why_sub; then a normalize works and it exits 0. */
+static void side_daemon(const char *lnormd, const char *dir, const char *const *args, uint64_t rows,
+                        uint64_t hidden, const char *label, const char *why_sub)
+{
+    fh_daemon d2;
+    if (fh_daemon_start(&d2, lnormd, dir, args, 15000) != 0) {
+        FH_CHECK(0, "lnormd did not start for %s", label);
+        return;
+    }
+    const char *url = fh_daemon_url(&d2, "tcp://");
+    check_concurrency_limit(url, rows, hidden, label, why_sub);
+    nng_socket s2;
+    FH_CHECK(fw_req_open(&s2, url, 5000, 100) == 0, "open");
+    expect_serving(s2, label);
+    nng_close(s2);
+    int st = fh_daemon_stop(&d2, SIGTERM, 15000);
+    fh_check_exit0(&d2, st, "on SIGTERM after a concurrency limit");
+    if (fh_failures)
+        fh_daemon_dump_log(&d2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -285,7 +309,7 @@ int main(int argc, char **argv)
         return 1;
     const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
                           "--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "512",
-                          "--max-params-bytes", "4096", "--max-queue", "1", "--max-batch-rows", "16",
+                          "--max-params-bytes", "4096",
                           "--contexts", "128", NULL};
     fh_daemon d;
     if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
@@ -299,7 +323,6 @@ int main(int argc, char **argv)
     check_shape_limits(s);
     check_transport_limit(s);
     check_params_limit(s);
-    check_concurrency_limit(g_url, 16, 512, "queue (max-queue 1)", "max-queue");
     size_t len;
     uint8_t *hb = fw_pack_health(77, &len);
     Lnorm__V1__Response *r = NULL;
@@ -316,24 +339,18 @@ int main(int argc, char **argv)
     if (fh_failures)
         fh_daemon_dump_log(&d);
 
-    /* Payload memory of requests in flight: 1 MiB holds 4 of 256 KiB. */
-    const char *args2[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
-                           "--max-inflight-bytes", "1048576", "--max-batch-rows", "32", NULL};
-    fh_daemon d2;
-    if (fh_daemon_start(&d2, argv[1], dir, args2, 15000) == 0) {
-        check_concurrency_limit(fh_daemon_url(&d2, "tcp://"), 32, 1024,
-                                "in-flight memory (max-inflight-bytes 1 MiB)", "max-inflight-bytes");
-        nng_socket s2;
-        FH_CHECK(fw_req_open(&s2, fh_daemon_url(&d2, "tcp://"), 5000, 100) == 0, "open");
-        expect_serving(s2, "max-inflight-bytes");
-        nng_close(s2);
-        st = fh_daemon_stop(&d2, SIGTERM, 15000);
-        fh_check_exit0(&d2, st, "on SIGTERM after max-inflight-bytes");
-        if (fh_failures)
-            fh_daemon_dump_log(&d2);
-    } else {
-        FH_CHECK(0, "lnormd did not start with --max-inflight-bytes");
-    }
+    /* Queue: requests of 1 MiB payload (in + out) are run by the CPU
+     * workers (lnormd runs batches of <= 512 KiB inline, and those never
+     * queue), one row batch at a time, so with max-queue 1 a wave of 64
+     * overflows the queue. */
+    const char *qargs[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
+                           "--max-queue", "1", "--max-batch-rows", "64", NULL};
+    side_daemon(argv[1], dir, qargs, 64, 2048, "queue (max-queue 1)", "max-queue");
+    /* Payload memory of requests in flight: 2 MiB holds 2 of 1 MiB. */
+    const char *iargs[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
+                           "--max-inflight-bytes", "2097152", "--max-batch-rows", "64", NULL};
+    side_daemon(argv[1], dir, iargs, 64, 2048, "in-flight memory (max-inflight-bytes 2 MiB)",
+                "max-inflight-bytes");
     fh_rmdir(dir);
     return fh_finish("fault.limits");
 }
