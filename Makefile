@@ -38,5 +38,13 @@ device-build: bootstrap
 	cmake -S . -B build-sm90 -DLNORM_WITH_CUDA=ON -DLNORM_STATIC_DEPS=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
 	cmake --build build-sm90 -j $(JOBS)
 
+# The GPU proof on a machine with an NVIDIA GPU and the Debian packages: build
+# the static sm_90 tree, then run every GPU test, the sanitizers and the kernel
+# benchmark (logs and JSON in $(GPU_OUT)). On a bare GPU machine, build here
+# with `make device-build` and run scripts/device-gpu.sh there (docs/gpu.md).
+GPU_OUT ?= device-out
+gpu-test: device-build
+	OUT=$(GPU_OUT) bash scripts/device-gpu.sh build-sm90
+
 clean:
 	rm -rf $(BUILD)
