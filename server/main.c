@@ -4,6 +4,9 @@
  * (codec.c) -> batcher.c -> backend_*.c -> dispatch.c -> transport.c.
  */
 #include <errno.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -186,9 +189,36 @@ static int lnorm__backend_open(lnorm__daemon *d)
     return 0;
 }
 
+/* glibc's malloc, set for payload-sized blocks (KiB to MiB, allocated and
+ * freed on whichever NNG callback thread has the request, since small
+ * batches run inline):
+ * - one arena per core (at least 2) instead of up to 8 per core, so that
+ *   the blocks do not spread over many arenas;
+ * - the mmap and trim thresholds fixed at the ceilings glibc's dynamic
+ *   thresholds reach anyway after the first large request (32 MiB, 64 MiB),
+ *   so that freed payload memory is reused rather than given back and
+ *   faulted in again at each size change.
+ * Without this, lnormd's RSS under a steady load wandered by 5-12% between
+ * samples (fault.soak: 7272 -> 8040 KiB); CPU per request unchanged.
+ * MALLOC_* or a glibc.malloc tunable in the environment wins. */
+static void lnorm__malloc_setup(void)
+{
+#if defined(__GLIBC__) && defined(M_ARENA_MAX)
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if (getenv("MALLOC_ARENA_MAX") || getenv("MALLOC_MMAP_THRESHOLD_") || getenv("MALLOC_TRIM_THRESHOLD_") ||
+        (tun && strstr(tun, "glibc.malloc.")))
+        return;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    mallopt(M_ARENA_MAX, (int)(ncpu < 2 ? 2 : ncpu > 64 ? 64 : ncpu));
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
+}
+
 int main(int argc, char **argv)
 {
     static lnorm__daemon daemon_obj;
+    lnorm__malloc_setup();
     lnorm__daemon *d = &daemon_obj;
     char err[1024];
     int rc = lnorm__config_from_args(&d->cfg, argc, argv, err, sizeof err);
