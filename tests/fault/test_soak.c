@@ -10,7 +10,12 @@
  * alternating) and check every reply against a float64 reference. RSS is
  * sampled every 250 ms. Warm-up is the first 20% of the run (at least
  * 5 s). Checks: zero wrong replies and zero transport errors; RSS at the end
- * is within 5% of RSS at the end of warm-up; lnormd exits 0 on SIGTERM.
+ * is within 5% of RSS at the end of warm-up, with a floor of 1 MiB of
+ * slack (on a 7 MiB daemon 5% is 350 KiB, inside glibc's own arena
+ * jitter: a 30 s run cannot tell that from a leak, while a leak of one
+ * reply per request would grow RSS by hundreds of MiB here); the growth in
+ * percent is printed and written to the JSON (the 5-minute
+ * bench/soak/run.sh figure is in docs/security.md). lnormd exits 0 on SIGTERM.
  * With --json, the figures are written there (bench/results/soak-*.json).
  */
 #include <signal.h>
@@ -112,8 +117,10 @@ int main(int argc, char **argv)
      * LeakSanitizer checks lnormd's exit (non-zero on a leak) instead. */
     printf("soak: ASan build: RSS not judged; LeakSanitizer runs at lnormd's exit\n");
 #else
-    FH_CHECK(rss_warm > 0 && growth < 5.0, "RSS grew %.2f%% after warm-up (%ld -> %ld KiB)", growth,
-             rss_warm, rss_end);
+    long slack_kb = rss_warm / 20 > 1024 ? rss_warm / 20 : 1024;
+    FH_CHECK(rss_warm > 0 && rss_end - rss_warm < slack_kb,
+             "RSS grew %.2f%% after warm-up (%ld -> %ld KiB; allowed %ld KiB)", growth, rss_warm, rss_end,
+             slack_kb);
 #endif
     int st = fh_daemon_stop(&d, SIGTERM, 20000);
     fh_check_exit0(&d, st, "on SIGTERM after the soak");
