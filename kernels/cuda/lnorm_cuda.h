@@ -5,8 +5,9 @@
  * the kernels (hidden-size tiers, vector widths, clusters).
  *
  * One launch runs every segment of a batch that falls in the same
- * (x dtype, hidden-size tier) group; a batch mixing groups takes one launch
- * per group, all on the same stream (lnorm_cuda_launch_count says how many).
+ * (x dtype, hidden-size tier, fast-path variant) group; a batch mixing
+ * groups takes one launch per group, all on the same stream
+ * (lnorm_cuda_launch_count says how many).
  */
 #ifndef LNORM_CUDA_H
 #define LNORM_CUDA_H
@@ -43,7 +44,8 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
 int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why);
 
 /* The number of kernel launches lnorm_cuda_run makes for batch b (the
- * number of distinct (x dtype, tier) groups), or -1 if b is invalid. */
+ * number of distinct (x dtype, tier, fast-path variant) groups), or -1 if b
+ * is invalid. */
 int lnorm_cuda_launch_count(const lnorm_batch *b);
 
 /* The tier a segment with this x dtype and hidden size runs in (0 = the

@@ -36,13 +36,26 @@ typedef struct lnorm__kseg {
     int32_t pad_;
 } lnorm__kseg;
 
+/* Fast-path variants (kernels/cuda/lnorm_cuda_kernels.cuh, k_fast): a
+ * segment with y dtype = x dtype, no residual, parameters of x's dtype or
+ * f32, in a tier of one CTA per row. Chosen from the segment alone. */
+enum {
+    LNORM__FAST_NONE = 0,     /* the general kernels */
+    LNORM__FAST_LN = 1,       /* parameters of x's dtype (or f32 x) */
+    LNORM__FAST_RMS = 2,
+    LNORM__FAST_LN_PF32 = 3,  /* f16/bf16 x, f32 parameters */
+    LNORM__FAST_RMS_PF32 = 4,
+    LNORM__NFAST = 5
+};
+
 /* The parameters of one launch: either a device table of nsegs segments
- * sorted by row_begin, or (table NULL) the single segment `one` inline. */
+ * sorted by row_begin, or (table NULL) the single segment `one` inline.
+ * fast: the LNORM__FAST_* variant every segment of the launch shares. */
 typedef struct lnorm__kparams {
     const lnorm__kseg *table;
     int64_t total_rows;
     int32_t nsegs;
-    int32_t pad_;
+    int32_t fast;
     lnorm__kseg one;
 } lnorm__kparams;
 

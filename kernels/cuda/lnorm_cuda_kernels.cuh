@@ -21,6 +21,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "lnorm/types.h"
 #include "lnorm_cuda_impl.h"
 
@@ -696,6 +698,250 @@ template <typename TX> static cudaError_t launch_stream(const lnorm__kparams *p,
     return cudaGetLastError();
 }
 
+/* ---- Fast path --------------------------------------------------------
+ * The common case with the run-time generality taken out of the inner
+ * loops: y dtype = x dtype, parameters of x's dtype or f32 (TP), the op
+ * (RMS) a template parameter, no residual, one CTA per row (tiers with
+ * CL == 1). Gamma/beta presence, stats and eps mode are uniform per
+ * segment and tested once per chunk or row, never per element. A launch
+ * with a single segment reads it inline (no segment-table search); a
+ * launch with several segments of the same fast variant searches the table
+ * as the general kernel does, with the same arithmetic, so a row gives the
+ * same bits alone or in any batch. The host (lnorm_cuda_run.c) chooses the
+ * variant from the row's segment only (x/y/param dtype, op, residual,
+ * tier). Same numerics as k_reg: fp32 statistics, the LayerNorm shift K,
+ * centred second pass, division by H, masked tails. */
+#ifndef LNORM_CUDA_FASTPATH
+#define LNORM_CUDA_FASTPATH 1
+#endif
+/* Keep a thread's gamma/beta chunks in registers (raw bits) across the rows
+ * it processes, reloaded only when its segment changes, where they are as
+ * narrow as x and the tier has 4 chunks (8-chunk tiers would spill):
+ * 0 never, 1 LayerNorm only, 2 LayerNorm and RMSNorm. Default 1, from the
+ * 2026-11-29 A/B run (bench/results/kernels-2026-11-29-fastpath.*): with
+ * the cache, bf16 LayerNorm was 2-5% faster at H = 256..4096 and bf16
+ * RMSNorm 7-14% slower (its cache costs registers the RMS loop needs). */
+#ifndef LNORM_CUDA_FAST_GCACHE
+#define LNORM_CUDA_FAST_GCACHE 1
+#endif
+
+/* The raw 16-byte parameter chunk at column c0 (TP as wide as x), through
+ * the read-only cache (parameters are reused by every row); columns >= H
+ * read as `fill` (1 for gamma, -0 for beta: exact identities). */
+template <typename TP>
+__device__ __forceinline__ uint4 load_param_raw(const TP *p, int c0, int H, bool al, float fill)
+{
+    constexpr int VEC = (int)(16 / sizeof(TP));
+    Raw<TP> r;
+    if (p == nullptr) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            r.e[k] = from_f<TP>(fill);
+        return r.u;
+    }
+    if (al && c0 + VEC <= H)
+        return __ldg(reinterpret_cast<const uint4 *>(p + c0));
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        r.e[k] = (c0 + k < H) ? p[c0 + k] : from_f<TP>(fill);
+    return r.u;
+}
+
+/* N parameter values at column c0 as fp32 (any TP); absent -> fill. */
+template <typename TP, int N>
+__device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, float fill, float (&v)[N])
+{
+    if (p == nullptr) {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            v[k] = fill;
+        return;
+    }
+    load_chunk<TP, N>(p, c0, H, al, v);
+}
+
+template <typename TX, typename TP, bool RMS, int TPR, int NCH>
+__global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>::min_blocks)
+    k_fast(const __grid_constant__ lnorm__kparams p)
+{
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    constexpr int RPC = BLOCK / TPR;
+    constexpr bool GC = (LNORM_CUDA_FAST_GCACHE >= 2 || (LNORM_CUDA_FAST_GCACHE == 1 && !RMS)) &&
+                        sizeof(TP) == sizeof(TX) && NCH <= 4;
+    constexpr int NGC = GC ? NCH : 1;
+    __shared__ float red[2][BLOCK / 32];
+    const int t = (int)(threadIdx.x % TPR);
+    const bool multi = p.table != nullptr; /* uniform */
+    int par = 0;
+    uint4 gcache[NGC], bcache[NGC];
+    const lnorm__kseg *cs = nullptr; /* segment whose parameters are cached */
+    for (int64_t base = (int64_t)blockIdx.x * RPC; base < p.total_rows; base += (int64_t)gridDim.x * RPC) {
+        const int64_t row = base + threadIdx.x / TPR;
+        const bool active = row < p.total_rows;
+        const int64_t rr = active ? row : p.total_rows - 1;
+        const lnorm__kseg *s = multi ? find_seg(p, rr) : &p.one;
+        const int64_t r = rr - s->row_begin;
+        const int H = active ? (int)s->hidden : 0;
+        const TX *xr = (const TX *)s->x + r * s->x_stride;
+        const bool xal = ((uintptr_t)xr & 15) == 0;
+        uint4 raw[NCH];
+#pragma unroll
+        for (int j = 0; j < NCH; j++)
+            raw[j] = load_raw<TX>(xr, (j * TPR + t) * VEC, H, xal);
+        float K = 0.0f, d = 0.0f;
+        if constexpr (!RMS) {
+            if (H > 0) {
+                K = to_f<TX>(xr[0]);
+                K = isfinite(K) ? K : 0.0f;
+            }
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = (j * TPR + t) * VEC;
+                float f[VEC];
+                unpack<TX>(raw[j], f);
+                if (c0 + VEC <= H) {
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        sum += f[k] - K;
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        sum += (c0 + k < H) ? f[k] - K : 0.0f;
+                }
+            }
+            sum = group_sum<TPR, BLOCK, 1>(sum, red, nullptr, par);
+            par ^= 1;
+            d = H > 0 ? sum / (float)H : 0.0f;
+        }
+        float sq = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = (j * TPR + t) * VEC;
+            float f[VEC];
+            unpack<TX>(raw[j], f);
+            if (c0 + VEC <= H) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = RMS ? f[k] : (f[k] - K) - d;
+                    sq += e * e;
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
+                    sq += e * e;
+                }
+            }
+        }
+        sq = group_sum<TPR, BLOCK, 1>(sq, red, nullptr, par);
+        par ^= 1;
+        if (!active)
+            continue; /* nothing below synchronizes */
+        const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+        if (t == 0) {
+            if (s->mean)
+                s->mean[r] = K + d;
+            if (s->rstd)
+                s->rstd[r] = rstd;
+        }
+        const TP *gp = (const TP *)s->gamma;
+        const TP *bp = (const TP *)s->beta;
+        const bool gal = ((uintptr_t)gp & 15) == 0;
+        const bool bal = ((uintptr_t)bp & 15) == 0;
+        if constexpr (GC) {
+            if (s != cs) {
+                cs = s;
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const int c0 = (j * TPR + t) * VEC;
+                    gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
+                    bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
+                }
+            }
+        }
+        TX *yr = (TX *)s->y + r * s->y_stride;
+        const bool yal = ((uintptr_t)yr & 15) == 0;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = (j * TPR + t) * VEC;
+            if (c0 >= H)
+                continue;
+            float f[VEC], g[VEC], b[VEC];
+            unpack<TX>(raw[j], f);
+            if constexpr (GC) {
+                unpack<TP>(gcache[j], g);
+                unpack<TP>(bcache[j], b);
+            } else {
+                load_param<TP, VEC>(gp, c0, H, gal, 1.0f, g);
+                load_param<TP, VEC>(bp, c0, H, bal, -0.0f, b);
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                float n = (RMS ? f[k] : (f[k] - K) - d) * rstd;
+                n = n * g[k];
+                f[k] = n + b[k];
+            }
+            store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+#if LNORM_CUDA_EMIT_BARRIER
+            if constexpr (!GC)
+                asm volatile("" ::: "memory");
+#endif
+        }
+    }
+}
+
+/* Launch the fast kernel of one CL == 1 tier (grid as launch_reg's). */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH>
+static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
+{
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int RPC = BLOCK / TPR;
+    static int cache[64];
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess)
+        return e;
+    auto kern = k_fast<TX, TP, RMS, TPR, NCH>;
+    int occ = dev < 64 ? cache[dev] : 0;
+    if (occ <= 0) {
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
+        if (e != cudaSuccess)
+            return e;
+        if (occ < 1)
+            occ = 1;
+        if (dev < 64)
+            cache[dev] = occ;
+    }
+    const int64_t need = (p->total_rows + RPC - 1) / RPC;
+    const int64_t cap = (int64_t)sms * occ * 4;
+    const unsigned grid = (unsigned)(need < cap ? need : cap);
+    kern<<<grid, BLOCK, 0, st>>>(*p);
+    return cudaGetLastError();
+}
+
+/* The fast variant p->fast (LNORM__FAST_*) of a tier; CL > 1 tiers have
+ * none (the host never asks). */
+template <typename TX, int TPR, int NCH, int CL>
+static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st)
+{
+    if constexpr (CL != 1) {
+        (void)p;
+        (void)st;
+        return cudaErrorInvalidValue;
+    } else {
+        const bool rms = p->fast == LNORM__FAST_RMS || p->fast == LNORM__FAST_RMS_PF32;
+        const bool pf32 = p->fast == LNORM__FAST_LN_PF32 || p->fast == LNORM__FAST_RMS_PF32;
+        if (pf32 && !std::is_same<TX, float>::value)
+            return rms ? launch_fast<TX, float, true, TPR, NCH>(p, st) : launch_fast<TX, float, false, TPR, NCH>(p, st);
+        return rms ? launch_fast<TX, TX, true, TPR, NCH>(p, st) : launch_fast<TX, TX, false, TPR, NCH>(p, st);
+    }
+}
+
 /* Launch tier `tier` for x of type TX. The 16-CTA cluster tier needs a
  * non-portable cluster size; where the device refuses it, the streaming
  * tier runs instead. */
@@ -703,6 +949,19 @@ template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p,
 {
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e;
+#if LNORM_CUDA_FASTPATH
+    if (p->fast != LNORM__FAST_NONE && tier < LNORM__NREG_TIERS) {
+        switch (tier) {
+#define LNORM__FCASE(i, tpr, nch, cl)                     \
+    case i:                                               \
+        return (int)launch_fast_tier<TX, tpr, nch, cl>(p, st);
+            LNORM__TIERS(LNORM__FCASE)
+#undef LNORM__FCASE
+        default:
+            return (int)cudaErrorInvalidValue;
+        }
+    }
+#endif
     switch (tier) {
 #define LNORM__CASE(i, tpr, nch, cl)                 \
     case i:                                          \

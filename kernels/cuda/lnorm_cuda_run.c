@@ -1,5 +1,6 @@
 /* Host side of the CUDA backend: validation, tier choice, grouping of a
- * batch by (x dtype, tier), the segment table upload and the launches. */
+ * batch by (x dtype, tier, fast variant), the segment table upload and the
+ * launches. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,13 @@ static const int64_t lnorm__tier_cap[LNORM__NREG_TIERS] = {
 #define LNORM__CAP(i, tpr, nch, cl) (int64_t)(tpr) * (nch) * (cl),
     LNORM__TIERS(LNORM__CAP)
 #undef LNORM__CAP
+};
+
+/* CTAs per row of the register tiers. */
+static const int lnorm__tier_cl[LNORM__NREG_TIERS] = {
+#define LNORM__CL(i, tpr, nch, cl) (cl),
+    LNORM__TIERS(LNORM__CL)
+#undef LNORM__CL
 };
 
 static const char *const lnorm__tier_desc[LNORM__NREG_TIERS + 1] = {
@@ -46,13 +54,33 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
     return t;
 }
 
-/* Group key of a segment: x dtype (1..3) and tier. */
-static int lnorm__group_key(const lnorm_segment *s)
+/* The fast-path variant of a segment (LNORM__FAST_*), from the segment
+ * alone (never from its batch companions, so a row takes the same path
+ * alone or in any batch): y dtype = x dtype, no residual, parameters of
+ * x's dtype or f32 (or none), a tier of one CTA per row. */
+static int lnorm__fast_variant(const lnorm_segment *s, int tier)
 {
-    return (s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
+    if (tier < 0 || tier >= LNORM__NREG_TIERS || lnorm__tier_cl[tier] != 1)
+        return LNORM__FAST_NONE;
+    if (s->y_dtype != s->x_dtype || s->residual)
+        return LNORM__FAST_NONE;
+    const int rms = s->op == LNORM_OP_RMSNORM;
+    const int has_param = s->gamma || s->beta;
+    if (!has_param || s->param_dtype == s->x_dtype)
+        return rms ? LNORM__FAST_RMS : LNORM__FAST_LN;
+    if (s->param_dtype == LNORM_DTYPE_F32)
+        return rms ? LNORM__FAST_RMS_PF32 : LNORM__FAST_LN_PF32;
+    return LNORM__FAST_NONE;
 }
 
-#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1))
+/* Group key of a segment: x dtype (1..3), tier and fast variant. */
+static int lnorm__group_key(const lnorm_segment *s)
+{
+    const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
+    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * LNORM__NFAST + lnorm__fast_variant(s, tier);
+}
+
+#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * LNORM__NFAST)
 
 static void lnorm__to_kseg(lnorm__kseg *k, const lnorm_segment *s, int64_t row_begin)
 {
@@ -131,7 +159,9 @@ int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **wh
     lnorm__to_kseg(&p.one, s, 0);
     p.total_rows = s->rows;
     p.nsegs = 1;
-    int e = lnorm__launch(s->x_dtype, lnorm_cuda_tier(s->x_dtype, s->hidden, NULL), &p, stream);
+    const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
+    p.fast = lnorm__fast_variant(s, tier);
+    int e = lnorm__launch(s->x_dtype, tier, &p, stream);
     if (e) {
         if (why)
             *why = cudaGetErrorString((cudaError_t)e);
@@ -289,8 +319,9 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
                 p.nsegs = (int32_t)gn[g];
                 for (size_t i = 0; i < gn[g]; i++)
                     p.total_rows += b->segs[ix[i]].rows;
-                int e = lnorm__launch(s0->x_dtype, lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL), &p,
-                                      stream);
+                const int tier = lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL);
+                p.fast = lnorm__fast_variant(s0, tier); /* the group's, by its key */
+                int e = lnorm__launch(s0->x_dtype, tier, &p, stream);
                 if (e) {
                     rc = LNORM_ECUDA;
                     if (why)
