@@ -97,7 +97,9 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     Lnorm__V1__Limits lim = LNORM__V1__LIMITS__INIT;
     lnorm__device_info dev[16];
     Lnorm__V1__Device pdev[16], *pdevp[16];
-    char *backends[2] = {(char *)d->be->ops->name, "cpu"};
+    /* Only the backend that computes: there is no per-batch CPU fallback
+     * behind the CUDA backend, so listing "cpu" too would mislead. */
+    char *backends[1] = {(char *)d->be->ops->name};
     int ndev = d->be->ops->devices ? d->be->ops->devices(d->be, dev, 16) : 0;
     for (int i = 0; i < ndev; i++) {
         lnorm__v1__device__init(&pdev[i]);
@@ -109,7 +111,7 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     }
     info.version = LNORM_VERSION;
     info.backends = backends;
-    info.n_backends = strcmp(d->be->ops->name, "cpu") ? 2 : 1;
+    info.n_backends = 1;
     info.devices = pdevp;
     info.n_devices = (size_t)ndev;
     lim.max_message_bytes = d->cfg.max_message_bytes;
