@@ -1,18 +1,40 @@
 /*
  * The CUDA backend of lnormd (server/backend.h). Per GPU: a submission
- * queue, a worker thread and a ring of batch slots; each slot owns a device
- * arena, a stream, a segment-table workspace and an event. The worker
- * copies a job's inputs host-to-device, runs the whole batch
- * (lnorm_cuda_run: one launch per (dtype, tier) group) and copies the
- * outputs back, all on the slot's stream, then hands the slot to the GPU's
- * completion thread, which waits for the slot's event, calls job->done and
- * frees the slot. Slots overlap (copies of one with the kernel of another).
- * Payload buffers come from buf_alloc as pinned host memory, so the copies
- * are DMA straight from/to the daemon's decoded requests and replies.
- * A batch larger than the slot's arena gets a stream-ordered temporary
- * device buffer. Every CUDA failure becomes LNORM_ECUDA for the job it hit.
+ * queue, a worker thread, a completion thread and a ring of batch slots,
+ * under the GPU's own lock (nothing is shared between GPUs but a job
+ * counter read without a lock). Each slot owns a device arena, a pinned
+ * host input arena and output arena (the staging arenas), a stream, a
+ * segment-table workspace and an event.
+ *
+ * The worker takes a job and any free slot and lays the batch out in the
+ * slot's device memory as three regions: staged inputs, staged outputs,
+ * direct buffers. A small segment (payload up to stage_max_bytes) is
+ * STAGED: the worker memcpy's its x (and residual) into the pinned input
+ * arena, laid out exactly as in the input region, and its outputs get room
+ * in the output region; gamma/beta are placed once per batch whatever the
+ * number of segments using them (de-duplicated by host pointer). Then ONE
+ * copy moves the input region to the device, lnorm_cuda_run makes one
+ * launch per (dtype, tier) group, and ONE copy brings the output region
+ * back into the pinned output arena. A large segment (or one that no
+ * longer fits the arenas) is DIRECT: copied straight from and to its own
+ * buffers (payloads come from buf_alloc, pinned, so that is DMA too). A
+ * batch larger than the device arena gets a stream-ordered temporary
+ * buffer (cudaMallocAsync). All of it on the slot's stream, then its event.
+ *
+ * The completion thread waits for the slots' events in submission order,
+ * scatters each staged segment's y / residual_out / mean / rstd from the
+ * output arena into the job's buffers (row by row where rows are padded:
+ * the padding between rows of a host buffer is never written), frees the
+ * slot and calls job->done. A slot's arenas are not touched again before
+ * its completion, so no copy in flight ever sees them rewritten.
+ *
+ * A CUDA failure fails the job with LNORM_ECUDA (queued copies are drained
+ * first), or, with fallback = cpu, the job is computed on the CPU core
+ * (kernels/cpu) from its host buffers and completes normally. An invalid
+ * segment gives LNORM_EINVAL; no GPU gives LNORM_ENODEV at creation.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +47,10 @@
 
 #define LNORM__CUDA_MAX_GPUS 16
 #define LNORM__CUDA_QUEUE 1024
-#define LNORM__CUDA_WS_SEGS 1024
+#define LNORM__CUDA_MAX_SLOTS 64
+/* Segment-table entries per upload: a batch of up to 4096 one-row requests
+ * (max-batch-rows' default) takes one upload. */
+#define LNORM__CUDA_WS_SEGS 4096
 #define LNORM__CUDA_ALIGN 256
 
 /* Header in front of every buf_alloc block (lnorm__buf_hdr, padded). */
@@ -33,50 +58,99 @@
 #define LNORM__BUF_PINNED 0x50494e4eu
 #define LNORM__BUF_MALLOC 0x4d414c4cu
 
+/* The regions of a slot's device layout, in this order from the arena's
+ * start: staged inputs (the image of the pinned input arena), staged
+ * outputs (the image of the pinned output arena), direct buffers. */
+enum { LNORM__REG_IN = 0, LNORM__REG_OUT = 1, LNORM__REG_DIR = 2, LNORM__NREG = 3 };
+
+/* A buffer's place: region and offset in it. */
+typedef struct lnorm__loc {
+    int reg;
+    size_t off;
+} lnorm__loc;
+
+/* Where one segment's buffers are, and whether it is staged. */
+typedef struct lnorm__seg_plan {
+    int staged;
+    lnorm__loc x, res, y, res_out, mean, rstd, gamma, beta;
+} lnorm__seg_plan;
+
+/* A parameter vector placed in this batch (de-duplication by pointer). */
+typedef struct lnorm__pent {
+    const void *host;
+    size_t bytes;
+    lnorm__loc loc;
+} lnorm__pent;
+
 typedef struct lnorm__cuda_slot {
     void *arena;           /* device memory, slot_bytes */
     void *tmp;             /* temporary device buffer for an oversize batch */
+    unsigned char *hin;    /* pinned input arena, stage_cap bytes (NULL: no staging) */
+    unsigned char *hout;   /* pinned output arena, stage_cap bytes */
+    size_t stage_cap;
     cudaStream_t stream;
     cudaEvent_t done_ev;
     lnorm_cuda_ws *ws;
+    /* per batch, sized to the largest batch seen */
     lnorm_segment *dsegs;  /* device-pointer copy of the job's segments */
-    size_t dsegs_cap;
+    lnorm__seg_plan *plan;
+    size_t cap;            /* entries of dsegs and plan */
+    lnorm__pent *params;   /* distinct parameter vectors of the batch */
+    int32_t *phash;        /* open addressing into params, -1: empty */
+    size_t pcap, hcap;     /* entries of params, of phash (a power of two) */
+    size_t nparams;
+    /* the job in the slot */
     lnorm__job *job;
+    int fault;             /* injected fault (LNORM_CUDA_FAULT_EVERY) */
     int err;               /* enqueue error (then done_ev is not waited for) */
     const char *why;
+    int enqueued;          /* work and done_ev are on the stream */
+    int any_staged;        /* the completion has segments to scatter */
     uint64_t t0;
     int busy;
 } lnorm__cuda_slot;
 
+typedef struct lnorm__cuda_be lnorm__cuda_be;
+
 typedef struct lnorm__cuda_gpu {
-    struct lnorm__cuda_be *be;
+    lnorm__cuda_be *be;
     int dev;
     char name[128];
     uint64_t mem;
+    unsigned sched;        /* cudaDeviceSchedule* flag in effect */
     lnorm__cuda_slot *slots;
     int nslots;
-    int next_slot;
-    /* submission queue */
+    pthread_mutex_t mu;    /* everything below */
+    pthread_cond_t cv_q;   /* queue not empty, or stopping (the worker) */
+    pthread_cond_t cv_slot;/* a slot was freed (the worker) */
+    pthread_cond_t cv_fifo;/* fifo not empty, or the worker finished (the completer) */
     lnorm__job *q[LNORM__CUDA_QUEUE];
+    unsigned char qfault[LNORM__CUDA_QUEUE];
     size_t qhead, qcount;
-    /* slots in flight, in submission order */
-    int fifo[64];
+    int fifo[LNORM__CUDA_MAX_SLOTS]; /* slots in flight, in submission order */
     int fhead, fcount;
-    int inflight;          /* queued + in slots */
+    int stopping;
     int worker_done;
+    atomic_int inflight;   /* queued + in slots; read without mu to pick a GPU */
+    int sync_ok;           /* mu, cvs initialised */
+    int worker_started, completer_started;
     pthread_t worker, completer;
-    int threads_started;
 } lnorm__cuda_gpu;
 
-typedef struct lnorm__cuda_be {
+struct lnorm__cuda_be {
     lnorm__backend base;
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* any change of queues, slots or fifos */
     lnorm__cuda_gpu gpus[LNORM__CUDA_MAX_GPUS];
     int ngpus;
     size_t slot_bytes;
-    int stopping;
-} lnorm__cuda_be;
+    size_t stage_max;
+    int sync;
+    int fallback;
+    lnorm_cpu *cpu;        /* the CPU fallback (fallback = cpu) */
+    uint64_t fault_every;  /* LNORM_CUDA_FAULT_EVERY (test only), 0: off */
+    atomic_uint_fast64_t fault_seq;
+    atomic_int stopping;
+    atomic_uint_fast64_t n_errors, n_fallback, n_staged, n_direct, n_oversize;
+};
 
 static uint64_t lnorm__cuda_now(void)
 {
@@ -98,25 +172,148 @@ static size_t lnorm__span(int64_t rows, int64_t stride, int64_t hidden, int dt)
     return (size_t)((rows - 1) * stride + hidden) * lnorm_dtype_size(dt);
 }
 
-/* Device bytes one segment needs (every buffer 256-byte aligned). */
-static size_t lnorm__seg_bytes(const lnorm_segment *s)
+/* rows rows of row_bytes each from src (pitch src_pitch bytes) to dst
+ * (pitch dst_pitch); one memcpy when both are packed. Bytes between rows
+ * are neither read nor written. */
+static void lnorm__copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t row_bytes,
+                             int64_t rows)
 {
-    size_t n = lnorm__up(lnorm__span(s->rows, s->x_stride, s->hidden, s->x_dtype));
-    n += lnorm__up(lnorm__span(s->rows, s->y_stride, s->hidden, s->y_dtype));
-    if (s->residual) {
-        n += lnorm__up(lnorm__span(s->rows, s->res_stride, s->hidden, s->x_dtype));
-        n += lnorm__up(lnorm__span(s->rows, s->res_out_stride, s->hidden, s->x_dtype));
+    if (rows < 1)
+        return;
+    if (dst_pitch == row_bytes && src_pitch == row_bytes) {
+        memcpy(dst, src, row_bytes * (size_t)rows);
+        return;
     }
-    size_t p = (size_t)s->hidden * lnorm_dtype_size(s->param_dtype);
+    char *d = dst;
+    const char *s = src;
+    for (int64_t r = 0; r < rows; r++, d += dst_pitch, s += src_pitch)
+        memcpy(d, s, row_bytes);
+}
+
+/* Room for bytes in region reg of the layout (used: bytes per region). */
+static lnorm__loc lnorm__take(size_t *used, int reg, size_t bytes)
+{
+    lnorm__loc l = {reg, used[reg]};
+    used[reg] += lnorm__up(bytes);
+    return l;
+}
+
+/* Make the slot's per-batch tables hold a batch of n segments. */
+static int lnorm__slot_reserve(lnorm__cuda_slot *sl, size_t n)
+{
+    if (n > sl->cap) {
+        lnorm_segment *d = realloc(sl->dsegs, n * sizeof *d);
+        if (!d)
+            return LNORM_ENOMEM;
+        sl->dsegs = d;
+        lnorm__seg_plan *p = realloc(sl->plan, n * sizeof *p);
+        if (!p)
+            return LNORM_ENOMEM;
+        sl->plan = p;
+        sl->cap = n;
+    }
+    size_t pn = 2 * n; /* gamma and beta of every segment at most */
+    if (pn > sl->pcap) {
+        lnorm__pent *p = realloc(sl->params, pn * sizeof *p);
+        if (!p)
+            return LNORM_ENOMEM;
+        sl->params = p;
+        sl->pcap = pn;
+    }
+    size_t hn = 16;
+    while (hn < 2 * pn)
+        hn *= 2;
+    if (hn > sl->hcap) {
+        int32_t *h = realloc(sl->phash, hn * sizeof *h);
+        if (!h)
+            return LNORM_ENOMEM;
+        sl->phash = h;
+        sl->hcap = hn;
+    }
+    return LNORM_OK;
+}
+
+/* Place a parameter vector of the batch (NULL: none): the place it already
+ * has if the same host pointer came earlier in this batch, else new room,
+ * staged when it is small enough and fits. hmask: the hash size used for
+ * this batch, minus 1. */
+static lnorm__loc lnorm__place_param(lnorm__cuda_be *be, lnorm__cuda_slot *sl, size_t hmask, size_t *used,
+                                     const void *host, size_t bytes)
+{
+    uintptr_t key = (uintptr_t)host;
+    size_t h = (size_t)(((uint64_t)key >> 4) * 0x9e3779b97f4a7c15ull >> 20) & hmask;
+    for (;; h = (h + 1) & hmask) {
+        int32_t ix = sl->phash[h];
+        if (ix < 0)
+            break;
+        lnorm__pent *e = &sl->params[ix];
+        if (e->host == host && e->bytes >= bytes)
+            return e->loc;
+    }
+    lnorm__pent *e = &sl->params[sl->nparams];
+    e->host = host;
+    e->bytes = bytes;
+    if (sl->stage_cap && bytes <= be->stage_max && used[LNORM__REG_IN] + lnorm__up(bytes) <= sl->stage_cap)
+        e->loc = lnorm__take(used, LNORM__REG_IN, bytes);
+    else
+        e->loc = lnorm__take(used, LNORM__REG_DIR, bytes);
+    sl->phash[h] = (int32_t)sl->nparams++;
+    return e->loc;
+}
+
+/* Plan one segment's buffers (see the file comment). */
+static void lnorm__plan_segment(lnorm__cuda_be *be, lnorm__cuda_slot *sl, size_t hmask, size_t *used,
+                                const lnorm_segment *s, lnorm__seg_plan *p)
+{
+    const size_t xsz = lnorm_dtype_size(s->x_dtype), ysz = lnorm_dtype_size(s->y_dtype);
+    const size_t n = (size_t)s->rows * (size_t)s->hidden;
+    const size_t xb = n * xsz, yb = n * ysz, sb = (size_t)s->rows * 4;
+    size_t in_need = lnorm__up(xb), out_need = lnorm__up(yb), payload = xb + yb;
+    if (s->residual) {
+        in_need += lnorm__up(xb);
+        out_need += lnorm__up(xb);
+        payload += 2 * xb;
+    }
+    if (s->mean) {
+        out_need += lnorm__up(sb);
+        payload += sb;
+    }
+    if (s->rstd) {
+        out_need += lnorm__up(sb);
+        payload += sb;
+    }
+    memset(p, 0, sizeof *p);
+    p->staged = sl->stage_cap && payload <= be->stage_max && used[LNORM__REG_IN] + in_need <= sl->stage_cap &&
+                used[LNORM__REG_OUT] + out_need <= sl->stage_cap;
+    if (p->staged) {
+        p->x = lnorm__take(used, LNORM__REG_IN, xb);
+        p->y = lnorm__take(used, LNORM__REG_OUT, yb);
+        if (s->residual) {
+            p->res = lnorm__take(used, LNORM__REG_IN, xb);
+            p->res_out = lnorm__take(used, LNORM__REG_OUT, xb);
+        }
+        if (s->mean)
+            p->mean = lnorm__take(used, LNORM__REG_OUT, sb);
+        if (s->rstd)
+            p->rstd = lnorm__take(used, LNORM__REG_OUT, sb);
+    } else {
+        p->x = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->x_stride, s->hidden, s->x_dtype));
+        p->y = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->y_stride, s->hidden, s->y_dtype));
+        if (s->residual) {
+            p->res = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->res_stride, s->hidden, s->x_dtype));
+            p->res_out =
+                lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->res_out_stride, s->hidden, s->x_dtype));
+        }
+        if (s->mean)
+            p->mean = lnorm__take(used, LNORM__REG_DIR, sb);
+        if (s->rstd)
+            p->rstd = lnorm__take(used, LNORM__REG_DIR, sb);
+    }
+    const size_t pb = (size_t)s->hidden * lnorm_dtype_size(s->param_dtype);
     if (s->gamma)
-        n += lnorm__up(p);
+        p->gamma = lnorm__place_param(be, sl, hmask, used, s->gamma, pb);
     if (s->beta)
-        n += lnorm__up(p);
-    if (s->mean)
-        n += lnorm__up((size_t)s->rows * 4);
-    if (s->rstd)
-        n += lnorm__up((size_t)s->rows * 4);
-    return n;
+        p->beta = lnorm__place_param(be, sl, hmask, used, s->beta, pb);
 }
 
 #define LNORM__CK(call, what)           \
@@ -127,7 +324,8 @@ static size_t lnorm__seg_bytes(const lnorm_segment *s)
         }                               \
     } while (0)
 
-/* Enqueue one job on a slot's stream: uploads, the batch, downloads, event. */
+/* Enqueue one job on a slot's stream: gather, uploads, the batch,
+ * downloads, event. Sets sl->enqueued once the event is recorded. */
 static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__job *job)
 {
     const lnorm_batch *b = &job->batch;
@@ -136,88 +334,136 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
         if (rc)
             return rc;
     }
+    if (sl->fault) {
+        sl->why = "injected fault (LNORM_CUDA_FAULT_EVERY, test only)";
+        return LNORM_ECUDA;
+    }
     if (b->nsegs == 0)
         return LNORM_OK;
-    if (b->nsegs > sl->dsegs_cap) {
-        lnorm_segment *n = realloc(sl->dsegs, b->nsegs * sizeof *n);
-        if (!n) {
-            sl->why = "out of memory (segment table)";
-            return LNORM_ENOMEM;
-        }
-        sl->dsegs = n;
-        sl->dsegs_cap = b->nsegs;
+    if (lnorm__slot_reserve(sl, b->nsegs) != LNORM_OK) {
+        sl->why = "out of memory (segment table)";
+        return LNORM_ENOMEM;
     }
-    size_t need = 0;
-    for (size_t i = 0; i < b->nsegs; i++)
-        need += lnorm__seg_bytes(&b->segs[i]);
+
+    /* Pass 1: the layout. */
+    size_t used[LNORM__NREG] = {0, 0, 0};
+    size_t hn = 16;
+    while (hn < 4 * b->nsegs)
+        hn *= 2;
+    memset(sl->phash, 0xff, hn * sizeof *sl->phash);
+    sl->nparams = 0;
+    uint64_t nstaged = 0;
+    for (size_t i = 0; i < b->nsegs; i++) {
+        lnorm__plan_segment(be, sl, hn - 1, used, &b->segs[i], &sl->plan[i]);
+        nstaged += (uint64_t)sl->plan[i].staged;
+    }
+    sl->any_staged = nstaged != 0;
+    atomic_fetch_add_explicit(&be->n_staged, nstaged, memory_order_relaxed);
+    atomic_fetch_add_explicit(&be->n_direct, (uint64_t)b->nsegs - nstaged, memory_order_relaxed);
+
+    const size_t in_bytes = used[LNORM__REG_IN], out_bytes = used[LNORM__REG_OUT];
+    const size_t need = in_bytes + out_bytes + used[LNORM__REG_DIR];
     char *dev = sl->arena;
     if (need > be->slot_bytes) {
-        LNORM__CK(cudaMallocAsync(&sl->tmp, need, sl->stream), "cudaMallocAsync (batch larger than a slot)");
-        dev = sl->tmp;
+        void *t = NULL;
+        if (cudaMallocAsync(&t, need, sl->stream) != cudaSuccess) {
+            sl->why = "cudaMallocAsync (batch larger than a slot)";
+            return LNORM_ECUDA;
+        }
+        sl->tmp = t;
+        dev = t;
+        atomic_fetch_add_explicit(&be->n_oversize, 1, memory_order_relaxed);
     }
-    cudaStream_t st = sl->stream;
-    size_t off = 0;
-#define LNORM__PLACE(dst, bytes) \
-    do {                         \
-        (dst) = dev + off;       \
-        off += lnorm__up(bytes); \
-    } while (0)
+    char *base[LNORM__NREG] = {dev, dev + in_bytes, dev + in_bytes + out_bytes};
+#define LNORM__DEV(l) (base[(l).reg] + (l).off)
+
+    /* Pass 2: device segments, the gather into the input arena. */
     for (size_t i = 0; i < b->nsegs; i++) {
         const lnorm_segment *s = &b->segs[i];
+        const lnorm__seg_plan *p = &sl->plan[i];
         lnorm_segment *d = &sl->dsegs[i];
         *d = *s;
-        size_t xb = lnorm__span(s->rows, s->x_stride, s->hidden, s->x_dtype);
-        size_t yb = lnorm__span(s->rows, s->y_stride, s->hidden, s->y_dtype);
-        size_t pb = (size_t)s->hidden * lnorm_dtype_size(s->param_dtype);
-        char *p;
-        LNORM__PLACE(p, xb);
-        d->x = p;
-        LNORM__CK(cudaMemcpyAsync(p, s->x, xb, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync (x)");
-        LNORM__PLACE(p, yb);
-        d->y = p;
+        d->x = LNORM__DEV(p->x);
+        d->y = LNORM__DEV(p->y);
         if (s->residual) {
-            size_t rb = lnorm__span(s->rows, s->res_stride, s->hidden, s->x_dtype);
-            size_t ob = lnorm__span(s->rows, s->res_out_stride, s->hidden, s->x_dtype);
-            LNORM__PLACE(p, rb);
-            d->residual = p;
-            LNORM__CK(cudaMemcpyAsync(p, s->residual, rb, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync (residual)");
-            LNORM__PLACE(p, ob);
-            d->residual_out = p;
+            d->residual = LNORM__DEV(p->res);
+            d->residual_out = LNORM__DEV(p->res_out);
         }
-        if (s->gamma) {
-            LNORM__PLACE(p, pb);
-            d->gamma = p;
-            LNORM__CK(cudaMemcpyAsync(p, s->gamma, pb, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync (gamma)");
-        }
-        if (s->beta) {
-            LNORM__PLACE(p, pb);
-            d->beta = p;
-            LNORM__CK(cudaMemcpyAsync(p, s->beta, pb, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync (beta)");
-        }
-        if (s->mean) {
-            LNORM__PLACE(p, (size_t)s->rows * 4);
-            d->mean = (float *)p;
-        }
-        if (s->rstd) {
-            LNORM__PLACE(p, (size_t)s->rows * 4);
-            d->rstd = (float *)p;
+        if (s->gamma)
+            d->gamma = LNORM__DEV(p->gamma);
+        if (s->beta)
+            d->beta = LNORM__DEV(p->beta);
+        if (s->mean)
+            d->mean = (float *)(void *)LNORM__DEV(p->mean);
+        if (s->rstd)
+            d->rstd = (float *)(void *)LNORM__DEV(p->rstd);
+        if (!p->staged)
+            continue;
+        /* Staged rows are packed on the device (strides = hidden); the
+         * kernels' results do not depend on strides. */
+        const size_t xsz = lnorm_dtype_size(s->x_dtype), row = (size_t)s->hidden * xsz;
+        d->x_stride = d->y_stride = s->hidden;
+        lnorm__copy_rows(sl->hin + p->x.off, row, s->x, (size_t)s->x_stride * xsz, row, s->rows);
+        if (s->residual) {
+            d->res_stride = d->res_out_stride = s->hidden;
+            lnorm__copy_rows(sl->hin + p->res.off, row, s->residual, (size_t)s->res_stride * xsz, row, s->rows);
         }
     }
-#undef LNORM__PLACE
+    for (size_t k = 0; k < sl->nparams; k++) {
+        const lnorm__pent *e = &sl->params[k];
+        if (e->loc.reg == LNORM__REG_IN)
+            memcpy(sl->hin + e->loc.off, e->host, e->bytes);
+    }
+
+    /* Uploads: the input region in one copy, then the direct buffers. */
+    cudaStream_t st = sl->stream;
+    if (in_bytes)
+        LNORM__CK(cudaMemcpyAsync(base[LNORM__REG_IN], sl->hin, in_bytes, cudaMemcpyHostToDevice, st),
+                  "cudaMemcpyAsync (staged inputs)");
+    for (size_t k = 0; k < sl->nparams; k++) {
+        const lnorm__pent *e = &sl->params[k];
+        if (e->loc.reg == LNORM__REG_DIR)
+            LNORM__CK(cudaMemcpyAsync(LNORM__DEV(e->loc), e->host, e->bytes, cudaMemcpyHostToDevice, st),
+                      "cudaMemcpyAsync (gamma/beta)");
+    }
+    for (size_t i = 0; i < b->nsegs; i++) {
+        const lnorm_segment *s = &b->segs[i];
+        const lnorm_segment *d = &sl->dsegs[i];
+        if (sl->plan[i].staged)
+            continue;
+        LNORM__CK(cudaMemcpyAsync((void *)d->x, s->x, lnorm__span(s->rows, s->x_stride, s->hidden, s->x_dtype),
+                                  cudaMemcpyHostToDevice, st),
+                  "cudaMemcpyAsync (x)");
+        if (s->residual)
+            LNORM__CK(cudaMemcpyAsync((void *)d->residual, s->residual,
+                                      lnorm__span(s->rows, s->res_stride, s->hidden, s->x_dtype),
+                                      cudaMemcpyHostToDevice, st),
+                      "cudaMemcpyAsync (residual)");
+    }
+#undef LNORM__DEV
+
     lnorm_batch db = {sl->dsegs, b->nsegs};
     int rc = lnorm_cuda_run(&db, st, sl->ws, &sl->why);
     if (rc)
         return rc;
+
+    /* Downloads: the output region in one copy, then the direct buffers. */
+    if (out_bytes)
+        LNORM__CK(cudaMemcpyAsync(sl->hout, base[LNORM__REG_OUT], out_bytes, cudaMemcpyDeviceToHost, st),
+                  "cudaMemcpyAsync (staged outputs)");
     for (size_t i = 0; i < b->nsegs; i++) {
         const lnorm_segment *s = &b->segs[i];
         const lnorm_segment *d = &sl->dsegs[i];
-        /* y (and residual_out) come back over their whole strided span:
-         * the padding between rows is overwritten with what the device
-         * buffer holds there, so copy row by row when rows are padded. */
+        if (sl->plan[i].staged)
+            continue;
+        /* y (and residual_out) would come back over their whole strided
+         * span, overwriting the padding between rows with what the device
+         * buffer holds there: copy row by row (2D) when rows are padded. */
         size_t ysz = lnorm_dtype_size(s->y_dtype), xsz = lnorm_dtype_size(s->x_dtype);
         if (s->y_stride == s->hidden) {
             LNORM__CK(cudaMemcpyAsync(s->y, d->y, lnorm__span(s->rows, s->y_stride, s->hidden, s->y_dtype),
-                                      cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync (y)");
+                                      cudaMemcpyDeviceToHost, st),
+                      "cudaMemcpyAsync (y)");
         } else {
             LNORM__CK(cudaMemcpy2DAsync(s->y, (size_t)s->y_stride * ysz, d->y, (size_t)s->y_stride * ysz,
                                         (size_t)s->hidden * ysz, (size_t)s->rows, cudaMemcpyDeviceToHost, st),
@@ -241,7 +487,55 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
         sl->tmp = NULL;
     }
     LNORM__CK(cudaEventRecord(sl->done_ev, st), "cudaEventRecord");
+    sl->enqueued = 1;
     return LNORM_OK;
+}
+
+/* After a failure on a slot: wait until nothing queued on its stream can
+ * still read or write the job's buffers or the slot's arenas, free a
+ * temporary buffer, clear the (non-sticky) error. */
+static void lnorm__slot_drain(lnorm__cuda_slot *sl)
+{
+    cudaStreamSynchronize(sl->stream);
+    if (sl->tmp) {
+        if (cudaFreeAsync(sl->tmp, sl->stream) == cudaSuccess)
+            cudaStreamSynchronize(sl->stream);
+        else
+            cudaFree(sl->tmp);
+        sl->tmp = NULL;
+    }
+    (void)cudaGetLastError();
+}
+
+/* Copy the staged outputs of a finished slot to the job's buffers. */
+static void lnorm__slot_scatter(lnorm__cuda_slot *sl)
+{
+    const lnorm_batch *b = &sl->job->batch;
+    for (size_t i = 0; i < b->nsegs; i++) {
+        const lnorm__seg_plan *p = &sl->plan[i];
+        if (!p->staged)
+            continue;
+        const lnorm_segment *s = &b->segs[i];
+        const size_t ysz = lnorm_dtype_size(s->y_dtype), xsz = lnorm_dtype_size(s->x_dtype);
+        const size_t yrow = (size_t)s->hidden * ysz, xrow = (size_t)s->hidden * xsz;
+        lnorm__copy_rows(s->y, (size_t)s->y_stride * ysz, sl->hout + p->y.off, yrow, yrow, s->rows);
+        if (s->residual)
+            lnorm__copy_rows(s->residual_out, (size_t)s->res_out_stride * xsz, sl->hout + p->res_out.off, xrow,
+                             xrow, s->rows);
+        if (s->mean)
+            memcpy(s->mean, sl->hout + p->mean.off, (size_t)s->rows * 4);
+        if (s->rstd)
+            memcpy(s->rstd, sl->hout + p->rstd.off, (size_t)s->rows * 4);
+    }
+}
+
+/* A free slot of g, or -1; mu held. */
+static int lnorm__free_slot(const lnorm__cuda_gpu *g)
+{
+    for (int k = 0; k < g->nslots; k++)
+        if (!g->slots[k].busy)
+            return k;
+    return -1;
 }
 
 /* Worker: takes jobs from the GPU's queue, puts each on a free slot. */
@@ -250,25 +544,28 @@ static void *lnorm__cuda_worker(void *arg)
     lnorm__cuda_gpu *g = arg;
     lnorm__cuda_be *be = g->be;
     int dev_ok = cudaSetDevice(g->dev) == cudaSuccess;
-    pthread_mutex_lock(&be->mu);
+    pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!g->qcount && !be->stopping)
-            pthread_cond_wait(&be->cv, &be->mu);
+        while (!g->qcount && !g->stopping)
+            pthread_cond_wait(&g->cv_q, &g->mu);
         if (!g->qcount)
             break; /* stopping and drained */
-        int k = g->next_slot;
-        while (g->slots[k].busy)
-            pthread_cond_wait(&be->cv, &be->mu);
+        int k;
+        while ((k = lnorm__free_slot(g)) < 0)
+            pthread_cond_wait(&g->cv_slot, &g->mu);
         lnorm__job *job = g->q[g->qhead];
+        int fault = g->qfault[g->qhead];
         g->qhead = (g->qhead + 1) % LNORM__CUDA_QUEUE;
         g->qcount--;
         lnorm__cuda_slot *sl = &g->slots[k];
         sl->busy = 1;
-        g->next_slot = (k + 1) % g->nslots;
-        pthread_mutex_unlock(&be->mu);
+        pthread_mutex_unlock(&g->mu);
 
         sl->job = job;
+        sl->fault = fault;
         sl->why = NULL;
+        sl->enqueued = 0;
+        sl->any_staged = 0;
         sl->t0 = lnorm__cuda_now();
         if (!dev_ok) {
             sl->err = LNORM_ECUDA;
@@ -278,91 +575,122 @@ static void *lnorm__cuda_worker(void *arg)
             if (sl->err) {
                 /* Copies already queued may still read or write the job's
                  * buffers: let them finish before done is called. */
-                cudaStreamSynchronize(sl->stream);
-                if (sl->tmp) {
-                    cudaFree(sl->tmp);
-                    sl->tmp = NULL;
-                }
-                (void)cudaGetLastError();
+                lnorm__slot_drain(sl);
+                sl->enqueued = 0;
             }
         }
 
-        pthread_mutex_lock(&be->mu);
-        g->fifo[(g->fhead + g->fcount) % 64] = k;
+        pthread_mutex_lock(&g->mu);
+        g->fifo[(g->fhead + g->fcount) % LNORM__CUDA_MAX_SLOTS] = k;
         g->fcount++;
-        pthread_cond_broadcast(&be->cv);
+        pthread_cond_signal(&g->cv_fifo);
     }
     g->worker_done = 1;
-    pthread_cond_broadcast(&be->cv);
-    pthread_mutex_unlock(&be->mu);
+    pthread_cond_signal(&g->cv_fifo);
+    pthread_mutex_unlock(&g->mu);
     return NULL;
 }
 
-/* Completion: waits for slots in submission order, calls done, frees them. */
+/* Completion: waits for slots in submission order, scatters, calls done,
+ * frees them. A job whose CUDA work failed goes to the CPU fallback when
+ * it is configured. */
 static void *lnorm__cuda_completer(void *arg)
 {
     lnorm__cuda_gpu *g = arg;
     lnorm__cuda_be *be = g->be;
     cudaSetDevice(g->dev);
-    pthread_mutex_lock(&be->mu);
+    pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->fcount && !g->worker_done)
-            pthread_cond_wait(&be->cv, &be->mu);
+            pthread_cond_wait(&g->cv_fifo, &g->mu);
         if (!g->fcount)
             break;
         int k = g->fifo[g->fhead];
-        g->fhead = (g->fhead + 1) % 64;
+        g->fhead = (g->fhead + 1) % LNORM__CUDA_MAX_SLOTS;
         g->fcount--;
-        pthread_mutex_unlock(&be->mu);
+        pthread_mutex_unlock(&g->mu);
 
         lnorm__cuda_slot *sl = &g->slots[k];
+        lnorm__job *job = sl->job;
         int err = sl->err;
         const char *why = sl->why;
-        if (!err && sl->job->batch.nsegs) {
+        if (!err && sl->enqueued) {
             cudaError_t ce = cudaEventSynchronize(sl->done_ev);
             if (ce != cudaSuccess) {
                 err = LNORM_ECUDA;
                 why = cudaGetErrorString(ce);
+                lnorm__slot_drain(sl);
+            } else if (sl->any_staged) {
+                lnorm__slot_scatter(sl);
             }
         }
-        lnorm__job *job = sl->job;
+        if (err == LNORM_ECUDA) {
+            atomic_fetch_add_explicit(&be->n_errors, 1, memory_order_relaxed);
+            if (be->cpu) {
+                /* The stream is drained: nothing of the GPU's can still
+                 * write the job's buffers. */
+                const char *cwhy = NULL;
+                int crc = lnorm_cpu_run(be->cpu, &job->batch, &cwhy);
+                if (crc == LNORM_OK) {
+                    atomic_fetch_add_explicit(&be->n_fallback, 1, memory_order_relaxed);
+                    err = LNORM_OK;
+                } else {
+                    err = crc;
+                    why = cwhy ? cwhy : "CPU fallback failed";
+                }
+            }
+        }
         uint64_t ns = lnorm__cuda_now() - sl->t0;
         sl->job = NULL;
 
-        pthread_mutex_lock(&be->mu);
+        pthread_mutex_lock(&g->mu);
         sl->busy = 0;
-        g->inflight--;
-        pthread_cond_broadcast(&be->cv);
-        pthread_mutex_unlock(&be->mu);
+        pthread_cond_signal(&g->cv_slot);
+        pthread_mutex_unlock(&g->mu);
+        atomic_fetch_sub_explicit(&g->inflight, 1, memory_order_relaxed);
         job->done(job, err, err ? why : NULL, ns);
-        pthread_mutex_lock(&be->mu);
+        pthread_mutex_lock(&g->mu);
     }
-    pthread_mutex_unlock(&be->mu);
+    pthread_mutex_unlock(&g->mu);
     return NULL;
 }
 
 static int lnorm__cuda_submit(lnorm__backend *base, lnorm__job *job)
 {
     lnorm__cuda_be *be = (lnorm__cuda_be *)base;
-    pthread_mutex_lock(&be->mu);
-    if (be->stopping) {
-        pthread_mutex_unlock(&be->mu);
+    if (atomic_load_explicit(&be->stopping, memory_order_acquire))
+        return LNORM_EUNAVAIL;
+    /* The GPU with the fewest jobs in hand (a racy read is fine: it only
+     * spreads the load). */
+    lnorm__cuda_gpu *g = &be->gpus[0];
+    int best = atomic_load_explicit(&g->inflight, memory_order_relaxed);
+    for (int i = 1; i < be->ngpus; i++) {
+        int n = atomic_load_explicit(&be->gpus[i].inflight, memory_order_relaxed);
+        if (n < best) {
+            best = n;
+            g = &be->gpus[i];
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    if (g->stopping) {
+        pthread_mutex_unlock(&g->mu);
         return LNORM_EUNAVAIL;
     }
-    /* The GPU with the fewest jobs in hand. */
-    lnorm__cuda_gpu *g = &be->gpus[0];
-    for (int i = 1; i < be->ngpus; i++)
-        if (be->gpus[i].inflight < g->inflight)
-            g = &be->gpus[i];
     if (g->qcount == LNORM__CUDA_QUEUE) {
-        pthread_mutex_unlock(&be->mu);
+        pthread_mutex_unlock(&g->mu);
         return LNORM_EQUEUEFULL;
     }
-    g->q[(g->qhead + g->qcount) % LNORM__CUDA_QUEUE] = job;
+    size_t at = (g->qhead + g->qcount) % LNORM__CUDA_QUEUE;
+    g->q[at] = job;
+    g->qfault[at] = 0;
+    if (be->fault_every) {
+        uint64_t n = atomic_fetch_add_explicit(&be->fault_seq, 1, memory_order_relaxed) + 1;
+        g->qfault[at] = n % be->fault_every == 0;
+    }
     g->qcount++;
-    g->inflight++;
-    pthread_cond_broadcast(&be->cv);
-    pthread_mutex_unlock(&be->mu);
+    atomic_fetch_add_explicit(&g->inflight, 1, memory_order_relaxed);
+    pthread_cond_signal(&g->cv_q);
+    pthread_mutex_unlock(&g->mu);
     return LNORM_OK;
 }
 
@@ -475,26 +803,80 @@ static int lnorm__cuda_max_inflight(lnorm__backend *base)
     return n > 0 ? n : 1;
 }
 
+static void lnorm__cuda_counters(lnorm__backend *base, lnorm__backend_counters *out)
+{
+    lnorm__cuda_be *be = (lnorm__cuda_be *)base;
+    out->errors = atomic_load_explicit(&be->n_errors, memory_order_relaxed);
+    out->fallback_batches = atomic_load_explicit(&be->n_fallback, memory_order_relaxed);
+    out->staged_segments = atomic_load_explicit(&be->n_staged, memory_order_relaxed);
+    out->direct_segments = atomic_load_explicit(&be->n_direct, memory_order_relaxed);
+    out->oversize_batches = atomic_load_explicit(&be->n_oversize, memory_order_relaxed);
+}
+
+static const char *lnorm__sched_name(unsigned sched)
+{
+    switch (sched) {
+    case cudaDeviceScheduleSpin: return "spin";
+    case cudaDeviceScheduleYield: return "yield";
+    case cudaDeviceScheduleBlockingSync: return "block";
+    default: return "auto";
+    }
+}
+
+static void lnorm__cuda_describe(lnorm__backend *base, char *buf, size_t n)
+{
+    lnorm__cuda_be *be = (lnorm__cuda_be *)base;
+    static const char *const sync_names[] = {"spin", "yield", "block"};
+    if (!n)
+        return;
+    size_t stage = be->ngpus && be->gpus[0].nslots ? be->gpus[0].slots[0].stage_cap : 0;
+    int len = snprintf(buf, n,
+                       "cuda: %d GPU(s), %d slots each, %zu MiB device arena and %zu KiB pinned staging (in + out) "
+                       "per slot, stage segments <= %zu KiB, sync %s (in effect:",
+                       be->ngpus, be->ngpus ? be->gpus[0].nslots : 0, be->slot_bytes >> 20, stage >> 10,
+                       be->stage_max >> 10, sync_names[be->sync]);
+    for (int i = 0; i < be->ngpus && len > 0 && (size_t)len < n; i++)
+        len += snprintf(buf + len, n - (size_t)len, " %d:%s", be->gpus[i].dev, lnorm__sched_name(be->gpus[i].sched));
+    if (len > 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, "), fallback %s%s",
+                        be->fallback == LNORM__CUDA_FALLBACK_CPU ? "cpu" : "none",
+                        be->fault_every ? ", FAULT INJECTION ON (LNORM_CUDA_FAULT_EVERY)" : "");
+}
+
 static void lnorm__cuda_free_gpu(lnorm__cuda_gpu *g)
 {
-    if (!g->slots)
-        return;
-    cudaSetDevice(g->dev);
-    for (int k = 0; k < g->nslots; k++) {
-        lnorm__cuda_slot *sl = &g->slots[k];
-        if (sl->stream)
-            cudaStreamSynchronize(sl->stream);
-        lnorm_cuda_ws_destroy(sl->ws);
-        if (sl->done_ev)
-            cudaEventDestroy(sl->done_ev);
-        if (sl->stream)
-            cudaStreamDestroy(sl->stream);
-        if (sl->arena)
-            cudaFree(sl->arena);
-        free(sl->dsegs);
+    if (g->slots) {
+        cudaSetDevice(g->dev);
+        for (int k = 0; k < g->nslots; k++) {
+            lnorm__cuda_slot *sl = &g->slots[k];
+            if (sl->stream)
+                cudaStreamSynchronize(sl->stream);
+            lnorm_cuda_ws_destroy(sl->ws);
+            if (sl->done_ev)
+                cudaEventDestroy(sl->done_ev);
+            if (sl->stream)
+                cudaStreamDestroy(sl->stream);
+            if (sl->arena)
+                cudaFree(sl->arena);
+            if (sl->hin)
+                cudaFreeHost(sl->hin);
+            if (sl->hout)
+                cudaFreeHost(sl->hout);
+            free(sl->dsegs);
+            free(sl->plan);
+            free(sl->params);
+            free(sl->phash);
+        }
+        free(g->slots);
+        g->slots = NULL;
     }
-    free(g->slots);
-    g->slots = NULL;
+    if (g->sync_ok) {
+        pthread_cond_destroy(&g->cv_fifo);
+        pthread_cond_destroy(&g->cv_slot);
+        pthread_cond_destroy(&g->cv_q);
+        pthread_mutex_destroy(&g->mu);
+        g->sync_ok = 0;
+    }
 }
 
 static void lnorm__cuda_destroy(lnorm__backend *base)
@@ -502,20 +884,25 @@ static void lnorm__cuda_destroy(lnorm__backend *base)
     lnorm__cuda_be *be = (lnorm__cuda_be *)base;
     if (!be)
         return;
-    pthread_mutex_lock(&be->mu);
-    be->stopping = 1;
-    pthread_cond_broadcast(&be->cv);
-    pthread_mutex_unlock(&be->mu);
+    atomic_store_explicit(&be->stopping, 1, memory_order_release);
     for (int i = 0; i < be->ngpus; i++) {
         lnorm__cuda_gpu *g = &be->gpus[i];
-        if (g->threads_started) {
+        if (!g->sync_ok)
+            continue;
+        pthread_mutex_lock(&g->mu);
+        g->stopping = 1;
+        pthread_cond_signal(&g->cv_q);
+        pthread_mutex_unlock(&g->mu);
+    }
+    for (int i = 0; i < be->ngpus; i++) {
+        lnorm__cuda_gpu *g = &be->gpus[i];
+        if (g->worker_started)
             pthread_join(g->worker, NULL); /* drains the queue first */
-            pthread_join(g->completer, NULL);
-        }
+        if (g->completer_started)
+            pthread_join(g->completer, NULL); /* then the slots */
         lnorm__cuda_free_gpu(g);
     }
-    pthread_cond_destroy(&be->cv);
-    pthread_mutex_destroy(&be->mu);
+    lnorm_cpu_destroy(be->cpu);
     free(be);
 }
 
@@ -527,15 +914,65 @@ static const lnorm__backend_ops lnorm__cuda_ops = {
     .devices = lnorm__cuda_devices,
     .max_inflight = lnorm__cuda_max_inflight,
     .destroy = lnorm__cuda_destroy,
+    .counters = lnorm__cuda_counters,
+    .describe = lnorm__cuda_describe,
 };
 
-/* Set up one GPU's slots. */
-static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev, int nslots)
+/* Make dev current with the completion wait policy as its scheduling flag.
+ * The flag is given before the device's primary context exists where we
+ * can (cudaInitDevice); a context that already exists (a second backend in
+ * one process) has its flags overwritten (cudaSetDeviceFlags). */
+static int lnorm__cuda_open_device(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev)
+{
+    unsigned sched = be->sync == LNORM__CUDA_SYNC_SPIN    ? cudaDeviceScheduleSpin
+                     : be->sync == LNORM__CUDA_SYNC_YIELD ? cudaDeviceScheduleYield
+                                                          : cudaDeviceScheduleBlockingSync;
+    int inited = cudaInitDevice(dev, sched | cudaDeviceMapHost, cudaInitDeviceFlagsAreValid) == cudaSuccess;
+    (void)cudaGetLastError();
+    if (cudaSetDevice(dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return LNORM_ENODEV;
+    }
+    unsigned flags = 0;
+    if (cudaGetDeviceFlags(&flags) != cudaSuccess)
+        flags = 0;
+    if (!inited || (flags & cudaDeviceScheduleMask) != sched) {
+        if (cudaSetDeviceFlags(sched | cudaDeviceMapHost) != cudaSuccess)
+            (void)cudaGetLastError();
+        if (cudaGetDeviceFlags(&flags) != cudaSuccess)
+            flags = 0;
+    }
+    g->sched = flags & cudaDeviceScheduleMask;
+    return LNORM_OK;
+}
+
+/* Set up one GPU: its lock, its slots. */
+static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev, int nslots, size_t staging)
 {
     g->be = be;
     g->dev = dev;
-    if (cudaSetDevice(dev) != cudaSuccess)
-        return LNORM_ENODEV;
+    atomic_init(&g->inflight, 0);
+    if (pthread_mutex_init(&g->mu, NULL) != 0)
+        return LNORM_ENOMEM;
+    if (pthread_cond_init(&g->cv_q, NULL) != 0) {
+        pthread_mutex_destroy(&g->mu);
+        return LNORM_ENOMEM;
+    }
+    if (pthread_cond_init(&g->cv_slot, NULL) != 0) {
+        pthread_cond_destroy(&g->cv_q);
+        pthread_mutex_destroy(&g->mu);
+        return LNORM_ENOMEM;
+    }
+    if (pthread_cond_init(&g->cv_fifo, NULL) != 0) {
+        pthread_cond_destroy(&g->cv_slot);
+        pthread_cond_destroy(&g->cv_q);
+        pthread_mutex_destroy(&g->mu);
+        return LNORM_ENOMEM;
+    }
+    g->sync_ok = 1;
+    int rc = lnorm__cuda_open_device(be, g, dev);
+    if (rc)
+        return rc;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
         return LNORM_ENODEV;
@@ -545,6 +982,9 @@ static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev,
     if (!g->slots)
         return LNORM_ENOMEM;
     g->nslots = nslots;
+    unsigned ev_flags = cudaEventDisableTiming;
+    if (be->sync == LNORM__CUDA_SYNC_BLOCK)
+        ev_flags |= cudaEventBlockingSync; /* blocks whatever the context's flags */
     for (int k = 0; k < nslots; k++) {
         lnorm__cuda_slot *sl = &g->slots[k];
         if (cudaMalloc(&sl->arena, be->slot_bytes) != cudaSuccess) {
@@ -555,44 +995,74 @@ static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev,
             sl->stream = NULL;
             return LNORM_ECUDA;
         }
-        if (cudaEventCreateWithFlags(&sl->done_ev, cudaEventDisableTiming) != cudaSuccess) {
+        if (cudaEventCreateWithFlags(&sl->done_ev, ev_flags) != cudaSuccess) {
             sl->done_ev = NULL;
             return LNORM_ECUDA;
         }
-        int rc = lnorm_cuda_ws_create(&sl->ws, LNORM__CUDA_WS_SEGS);
+        rc = lnorm_cuda_ws_create(&sl->ws, LNORM__CUDA_WS_SEGS);
         if (rc)
             return rc;
+        if (staging) {
+            /* No pinned staging (pinned memory exhausted): this slot copies
+             * every segment directly, which is slower but correct. */
+            void *in = NULL, *out = NULL;
+            if (cudaHostAlloc(&in, staging, cudaHostAllocPortable) == cudaSuccess &&
+                cudaHostAlloc(&out, staging, cudaHostAllocPortable) == cudaSuccess) {
+                sl->hin = in;
+                sl->hout = out;
+                sl->stage_cap = staging;
+            } else {
+                (void)cudaGetLastError();
+                if (in)
+                    cudaFreeHost(in);
+            }
+        }
     }
     return LNORM_OK;
 }
 
-int lnorm__backend_cuda_create(lnorm__backend **out, const char *devices, size_t slot_bytes, int slots_per_gpu)
+/* Parse a comma-separated device list into devs (at most max); the count,
+ * or -1 if it is malformed, names a device >= count or repeats one. */
+static int lnorm__parse_devices(const char *list, int count, int *devs, int max)
 {
-    if (!out || slot_bytes == 0 || slots_per_gpu < 1 || slots_per_gpu > 64)
+    int n = 0;
+    const char *p = list;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= count || n == max)
+            return -1;
+        for (int i = 0; i < n; i++)
+            if (devs[i] == (int)v)
+                return -1;
+        devs[n++] = (int)v;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return -1;
+    }
+    return n;
+}
+
+int lnorm__backend_cuda_create_opts(lnorm__backend **out, const lnorm__cuda_opts *o)
+{
+    if (!out || !o || o->slot_bytes == 0 || o->slots_per_gpu < 1 || o->slots_per_gpu > LNORM__CUDA_MAX_SLOTS ||
+        o->sync < LNORM__CUDA_SYNC_SPIN || o->sync > LNORM__CUDA_SYNC_BLOCK ||
+        (o->fallback != LNORM__CUDA_FALLBACK_NONE && o->fallback != LNORM__CUDA_FALLBACK_CPU) ||
+        o->cpu_threads < 0)
         return LNORM_EINVAL;
+    *out = NULL;
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
         (void)cudaGetLastError();
         return LNORM_ENODEV;
     }
     int devs[LNORM__CUDA_MAX_GPUS], ndev = 0;
-    if (devices && *devices) {
-        const char *p = devices;
-        while (*p) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p || v < 0 || v >= count || ndev == LNORM__CUDA_MAX_GPUS)
-                return LNORM_EINVAL;
-            for (int i = 0; i < ndev; i++)
-                if (devs[i] == (int)v)
-                    return LNORM_EINVAL;
-            devs[ndev++] = (int)v;
-            p = end;
-            if (*p == ',')
-                p++;
-            else if (*p)
-                return LNORM_EINVAL;
-        }
+    if (o->devices && *o->devices) {
+        ndev = lnorm__parse_devices(o->devices, count, devs, LNORM__CUDA_MAX_GPUS);
+        if (ndev < 0)
+            return LNORM_EINVAL;
     } else {
         for (int i = 0; i < count && ndev < LNORM__CUDA_MAX_GPUS; i++)
             devs[ndev++] = i;
@@ -603,13 +1073,36 @@ int lnorm__backend_cuda_create(lnorm__backend **out, const char *devices, size_t
     if (!be)
         return LNORM_ENOMEM;
     be->base.ops = &lnorm__cuda_ops;
-    be->slot_bytes = slot_bytes;
-    pthread_mutex_init(&be->mu, NULL);
-    pthread_cond_init(&be->cv, NULL);
+    be->slot_bytes = o->slot_bytes;
+    be->stage_max = o->stage_max_bytes;
+    be->sync = o->sync;
+    be->fallback = o->fallback;
+    atomic_init(&be->stopping, 0);
+    atomic_init(&be->fault_seq, 0);
+    atomic_init(&be->n_errors, 0);
+    atomic_init(&be->n_fallback, 0);
+    atomic_init(&be->n_staged, 0);
+    atomic_init(&be->n_direct, 0);
+    atomic_init(&be->n_oversize, 0);
+    const char *fe = getenv("LNORM_CUDA_FAULT_EVERY");
+    if (fe && *fe) {
+        char *end;
+        unsigned long long v = strtoull(fe, &end, 10);
+        if (*end == 0 && v >= 1)
+            be->fault_every = v;
+    }
+    /* The staging arenas: at most half the device arena each, so that a
+     * batch staged in full always fits the arena. */
+    size_t staging = o->staging_bytes;
+    if (staging > o->slot_bytes / 2)
+        staging = o->slot_bytes / 2;
+    staging &= ~(size_t)(LNORM__CUDA_ALIGN - 1);
     int rc = LNORM_OK;
+    if (o->fallback == LNORM__CUDA_FALLBACK_CPU)
+        rc = lnorm_cpu_create(&be->cpu, o->cpu_threads);
     for (int i = 0; i < ndev && rc == LNORM_OK; i++) {
-        rc = lnorm__cuda_init_gpu(be, &be->gpus[i], devs[i], slots_per_gpu);
         be->ngpus = i + 1;
+        rc = lnorm__cuda_init_gpu(be, &be->gpus[i], devs[i], o->slots_per_gpu, staging);
     }
     for (int i = 0; i < be->ngpus && rc == LNORM_OK; i++) {
         lnorm__cuda_gpu *g = &be->gpus[i];
@@ -617,22 +1110,28 @@ int lnorm__backend_cuda_create(lnorm__backend **out, const char *devices, size_t
             rc = LNORM_ENOMEM;
             break;
         }
+        g->worker_started = 1;
+        /* The completer only with a worker: it exits once the worker has. */
         if (pthread_create(&g->completer, NULL, lnorm__cuda_completer, g) != 0) {
-            /* the worker exits once stopping is set; join it in destroy */
-            pthread_mutex_lock(&be->mu);
-            be->stopping = 1;
-            pthread_cond_broadcast(&be->cv);
-            pthread_mutex_unlock(&be->mu);
-            pthread_join(g->worker, NULL);
             rc = LNORM_ENOMEM;
             break;
         }
-        g->threads_started = 1;
+        g->completer_started = 1;
     }
     if (rc != LNORM_OK) {
-        lnorm__cuda_destroy(&be->base);
+        lnorm__cuda_destroy(&be->base); /* no job was submitted: the threads just exit */
         return rc;
     }
     *out = &be->base;
     return LNORM_OK;
+}
+
+int lnorm__backend_cuda_create(lnorm__backend **out, const char *devices, size_t slot_bytes, int slots_per_gpu)
+{
+    lnorm__cuda_opts o;
+    lnorm__cuda_opts_init(&o);
+    o.devices = devices;
+    o.slot_bytes = slot_bytes;
+    o.slots_per_gpu = slots_per_gpu;
+    return lnorm__backend_cuda_create_opts(out, &o);
 }

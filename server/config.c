@@ -7,7 +7,7 @@
 #include "config.h"
 #include "log.h"
 
-enum { K_U64, K_STR, K_LIST, K_BOOL, K_LEVEL, K_BACKEND, K_PATH };
+enum { K_U64, K_STR, K_LIST, K_BOOL, K_LEVEL, K_CHOICE, K_PATH };
 
 typedef struct lnorm__key {
     const char *name;
@@ -18,6 +18,33 @@ typedef struct lnorm__key {
     const char *def;
     const char *help;
 } lnorm__key;
+
+/* The values a K_CHOICE key allows, '|'-separated. */
+static const struct {
+    const char *key, *choices;
+} lnorm__choices[] = {
+    {"backend", "auto|cpu|cuda"},
+    {"cuda-sync", "spin|yield|block"},
+    {"cuda-fallback", "none|cpu"},
+};
+
+/* val is one of the words allowed for key k. */
+static int lnorm__choice_ok(const lnorm__key *k, const char *val)
+{
+    size_t vl = strlen(val);
+    for (size_t i = 0; i < sizeof lnorm__choices / sizeof lnorm__choices[0]; i++) {
+        if (strcmp(lnorm__choices[i].key, k->name))
+            continue;
+        for (const char *c = lnorm__choices[i].choices; *c;) {
+            const char *e = strchr(c, '|');
+            size_t cl = e ? (size_t)(e - c) : strlen(c);
+            if (vl == cl && vl > 0 && strncmp(c, val, cl) == 0)
+                return 1;
+            c = e ? e + 1 : c + cl;
+        }
+    }
+    return 0;
+}
 
 #define O(f) offsetof(lnorm__config, f), sizeof(((lnorm__config *)0)->f)
 #define MiB (1024ull * 1024ull)
@@ -31,11 +58,20 @@ static const lnorm__key lnorm__keys[] = {
      "HOST:PORT for /metrics, /healthz, /readyz (port 0: a free port; \"off\": none)"},
     {"ready-file", K_PATH, O(ready_file), 0, 0, "",
      "once serving, write this file (atomically) with one line per bound endpoint"},
-    {"backend", K_BACKEND, O(backend), 0, 0, "auto", "compute backend: auto|cpu|cuda (auto: cuda if a GPU is usable)"},
+    {"backend", K_CHOICE, O(backend), 0, 0, "auto", "compute backend: auto|cpu|cuda (auto: cuda if a GPU is usable)"},
     {"cuda-devices", K_STR, O(cuda_devices), 0, 0, "", "comma-separated GPU indices for the cuda backend (empty: all)"},
     {"cuda-slot-bytes", K_U64, O(cuda_slot_bytes), 1 * MiB, 1ull << 40, "268435456",
-     "bytes of pinned host + device staging memory per in-flight batch slot (cuda)"},
+     "device memory per in-flight batch slot (cuda; a larger batch gets a temporary buffer)"},
     {"cuda-slots", K_U64, O(cuda_slots), 1, 64, "2", "batch slots (in-flight batches) per GPU (cuda)"},
+    {"cuda-staging-bytes", K_U64, O(cuda_staging_bytes), 0, 1ull << 40, "16777216",
+     "pinned host input arena and output arena per slot, each (cuda; capped at cuda-slot-bytes/2; 0: no staging)"},
+    {"cuda-stage-max-bytes", K_U64, O(cuda_stage_max_bytes), 0, 1ull << 40, "262144",
+     "requests with at most this payload (in + out) are gathered into the staging arenas; larger ones are "
+     "copied directly (cuda)"},
+    {"cuda-sync", K_CHOICE, O(cuda_sync), 0, 0, "block",
+     "how a GPU's completion thread waits for a batch: spin|yield|block (cuda)"},
+    {"cuda-fallback", K_CHOICE, O(cuda_fallback), 0, 0, "none",
+     "a batch whose CUDA work fails: none (error replies) | cpu (computed on the CPU instead) (cuda)"},
     {"cpu-threads", K_U64, O(cpu_threads), 0, 1024, "0", "CPU backend worker threads (0: number of cores)"},
     {"cpu-jobs", K_U64, O(cpu_jobs), 1, 64, "2", "batches the CPU backend runs at once"},
     {"max-batch-rows", K_U64, O(max_batch_rows), 1, 1ull << 32, "4096",
@@ -117,8 +153,8 @@ static int lnorm__key_set(lnorm__config *cfg, const lnorm__key *k, const char *v
         memcpy(field, &l, sizeof l);
         return 0;
     }
-    case K_BACKEND:
-        if (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))
+    case K_CHOICE:
+        if (!lnorm__choice_ok(k, val))
             goto bad;
         /* fall through */
     case K_STR:
@@ -309,7 +345,7 @@ static const char *lnorm__kind_arg(int kind)
     case K_PATH: return "FILE";
     case K_LIST: return "URL";
     case K_LEVEL: return "LEVEL";
-    case K_BACKEND: return "NAME";
+    case K_CHOICE: return "NAME";
     default: return "VALUE";
     }
 }

@@ -22,6 +22,10 @@ typedef struct lnorm__config {
     char cuda_devices[LNORM__STR_MAX];
     uint64_t cuda_slot_bytes;
     uint64_t cuda_slots;
+    uint64_t cuda_staging_bytes;
+    uint64_t cuda_stage_max_bytes;
+    char cuda_sync[16];
+    char cuda_fallback[16];
     uint64_t cpu_threads;
     uint64_t cpu_jobs;
     uint64_t max_batch_rows;

@@ -26,6 +26,9 @@
 #define LNORM__TEARDOWN_BOUND_S 3
 static int lnorm__exit_code;
 
+/* The backend's failure counters as last logged (housekeeping, loop thread). */
+static uint64_t lnorm__last_backend_check_ns, lnorm__last_backend_errors, lnorm__last_backend_fallback;
+
 static void *lnorm__teardown_watchdog(void *arg)
 {
     (void)arg;
@@ -38,6 +41,12 @@ static void *lnorm__teardown_watchdog(void *arg)
 static int lnorm__metrics_hook(void *arg, char **out, size_t *len)
 {
     lnorm__daemon *d = arg;
+    if (d->be->ops->counters) {
+        lnorm__backend_counters c;
+        memset(&c, 0, sizeof c);
+        d->be->ops->counters(d->be, &c);
+        lnorm__stats_set_backend(&d->stats, &c);
+    }
     return lnorm__stats_render(&d->stats, d->be->ops->name, out, len);
 }
 
@@ -112,6 +121,24 @@ static void lnorm__on_housekeeping(uv_timer_t *t)
             return;
         }
     }
+    if (d->be->ops->counters && now - lnorm__last_backend_check_ns >= 1000000000ull) {
+        /* CUDA failures are answered (or computed on the CPU) batch by
+         * batch; say so in the log, at most once a second. */
+        lnorm__last_backend_check_ns = now;
+        lnorm__backend_counters c;
+        memset(&c, 0, sizeof c);
+        d->be->ops->counters(d->be, &c);
+        lnorm__stats_set_backend(&d->stats, &c);
+        if (c.errors != lnorm__last_backend_errors) {
+            LOG_WARN("cuda: %llu batch(es) failed on the GPU in the last second, %llu of them computed on the CPU "
+                     "(%llu failed, %llu on the CPU since start)",
+                     (unsigned long long)(c.errors - lnorm__last_backend_errors),
+                     (unsigned long long)(c.fallback_batches - lnorm__last_backend_fallback),
+                     (unsigned long long)c.errors, (unsigned long long)c.fallback_batches);
+            lnorm__last_backend_errors = c.errors;
+            lnorm__last_backend_fallback = c.fallback_batches;
+        }
+    }
     if (now - d->last_stats_log_ns >= 60ull * 1000000000ull) {
         d->last_stats_log_ns = now;
         LOG_DEBUG("stats: %llu batches, %llu rows, %lld in flight, %lld queued",
@@ -171,10 +198,27 @@ static int lnorm__backend_open(lnorm__daemon *d)
 {
     const char *want = d->cfg.backend;
     if (strcmp(want, "cpu") != 0) {
-        int rc = lnorm__backend_cuda_create(&d->be, d->cfg.cuda_devices[0] ? d->cfg.cuda_devices : NULL,
-                                            (size_t)d->cfg.cuda_slot_bytes, (int)d->cfg.cuda_slots);
-        if (rc == LNORM_OK)
+        lnorm__cuda_opts o;
+        lnorm__cuda_opts_init(&o);
+        o.devices = d->cfg.cuda_devices[0] ? d->cfg.cuda_devices : NULL;
+        o.slot_bytes = (size_t)d->cfg.cuda_slot_bytes;
+        o.slots_per_gpu = (int)d->cfg.cuda_slots;
+        o.staging_bytes = (size_t)d->cfg.cuda_staging_bytes;
+        o.stage_max_bytes = (size_t)d->cfg.cuda_stage_max_bytes;
+        o.sync = !strcmp(d->cfg.cuda_sync, "spin")    ? LNORM__CUDA_SYNC_SPIN
+                 : !strcmp(d->cfg.cuda_sync, "yield") ? LNORM__CUDA_SYNC_YIELD
+                                                      : LNORM__CUDA_SYNC_BLOCK;
+        o.fallback = !strcmp(d->cfg.cuda_fallback, "cpu") ? LNORM__CUDA_FALLBACK_CPU : LNORM__CUDA_FALLBACK_NONE;
+        o.cpu_threads = (int)d->cfg.cpu_threads;
+        int rc = lnorm__backend_cuda_create_opts(&d->be, &o);
+        if (rc == LNORM_OK) {
+            if (d->be->ops->describe) {
+                char desc[512];
+                d->be->ops->describe(d->be, desc, sizeof desc);
+                LOG_INFO("%s", desc);
+            }
             return 0;
+        }
         if (!strcmp(want, "cuda")) {
             LOG_ERROR("backend cuda: %s", lnorm_strerror(rc));
             return -1;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "stats.h"
 
 uint64_t lnorm__now_ns(void)
@@ -52,6 +53,15 @@ void lnorm__stats_reply(lnorm__stats *s, int code)
     if (code < 0 || code >= LNORM__NCODES)
         code = 2; /* UNKNOWN */
     atomic_fetch_add_explicit(&s->requests[code], 1, memory_order_relaxed);
+}
+
+void lnorm__stats_set_backend(lnorm__stats *s, const lnorm__backend_counters *c)
+{
+    atomic_store_explicit(&s->cuda_errors, c->errors, memory_order_relaxed);
+    atomic_store_explicit(&s->cuda_fallback_batches, c->fallback_batches, memory_order_relaxed);
+    atomic_store_explicit(&s->cuda_staged_segments, c->staged_segments, memory_order_relaxed);
+    atomic_store_explicit(&s->cuda_direct_segments, c->direct_segments, memory_order_relaxed);
+    atomic_store_explicit(&s->cuda_oversize_batches, c->oversize_batches, memory_order_relaxed);
 }
 
 typedef struct lnorm__sbuf {
@@ -139,6 +149,19 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_counter(&b, "lnormd_batches_in_flight", "gauge", "Batches running on the backend.", (unsigned long long)LDS(s->batches_inflight));
     lnorm__render_counter(&b, "lnormd_params_registered", "gauge", "Registered parameter sets.", (unsigned long long)LDS(s->params_count));
     lnorm__render_counter(&b, "lnormd_params_bytes", "gauge", "Bytes of registered parameters.", (unsigned long long)LDS(s->params_bytes));
+    lnorm__render_counter(&b, "lnormd_cuda_errors_total", "counter",
+                          "Batches whose CUDA work failed (then answered with errors, or computed on the CPU).",
+                          LD(s->cuda_errors));
+    lnorm__render_counter(&b, "lnormd_cuda_fallback_batches_total", "counter",
+                          "Batches computed on the CPU after a CUDA failure (cuda-fallback = cpu).",
+                          LD(s->cuda_fallback_batches));
+    lnorm__render_counter(&b, "lnormd_cuda_staged_segments_total", "counter",
+                          "Requests moved through a slot's pinned staging arenas.", LD(s->cuda_staged_segments));
+    lnorm__render_counter(&b, "lnormd_cuda_direct_segments_total", "counter",
+                          "Requests copied straight from / to their own buffers.", LD(s->cuda_direct_segments));
+    lnorm__render_counter(&b, "lnormd_cuda_oversize_batches_total", "counter",
+                          "Batches larger than a slot's device arena (temporary device buffer).",
+                          LD(s->cuda_oversize_batches));
     lnorm__render_hist(&b, &s->batch_rows);
     lnorm__render_hist(&b, &s->batch_requests);
     lnorm__render_hist(&b, &s->queue_seconds);

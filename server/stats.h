@@ -34,6 +34,13 @@ typedef struct lnorm__stats {
     atomic_int_fast64_t batches_inflight;
     atomic_int_fast64_t params_count;
     atomic_int_fast64_t params_bytes;
+    /* The backend's own counters (lnorm__backend_counters), copied in by
+     * lnorm__stats_set_backend before each render. */
+    atomic_uint_fast64_t cuda_errors;           /* jobs whose CUDA work failed */
+    atomic_uint_fast64_t cuda_fallback_batches; /* of those, computed on the CPU */
+    atomic_uint_fast64_t cuda_staged_segments;
+    atomic_uint_fast64_t cuda_direct_segments;
+    atomic_uint_fast64_t cuda_oversize_batches;
     lnorm__hist batch_rows;
     lnorm__hist batch_requests;
     lnorm__hist queue_seconds;
@@ -44,6 +51,10 @@ typedef struct lnorm__stats {
 void lnorm__stats_init(lnorm__stats *s);
 void lnorm__hist_observe(lnorm__hist *h, double v);
 void lnorm__stats_reply(lnorm__stats *s, int wire_code);
+
+/* Copy a backend's counters into s (any thread). */
+struct lnorm__backend_counters;
+void lnorm__stats_set_backend(lnorm__stats *s, const struct lnorm__backend_counters *c);
 
 /* Render /metrics into a malloc'ed buffer (*out, *len); 0 or -1. */
 int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t *len);

@@ -1,12 +1,28 @@
 /*
  * gpu.backend: lnormd's CUDA backend (server/backend_cuda.c) on a GPU.
- * Many jobs of mixed batches (dtypes, hidden sizes across tiers, residual,
- * stats, padded rows; some larger than a slot) submitted at once from
- * pinned buffers (buf_alloc), each checked against the float64 reference
- * when its done callback has fired; a job with an invalid segment must
- * finish with LNORM_EINVAL; destroy must return with every job done.
+ *
+ * 1. Many jobs of mixed batches (dtypes, hidden sizes across tiers,
+ *    residual, stats, padded rows; some larger than a slot) submitted at
+ *    once from pinned buffers (buf_alloc), each checked against the float64
+ *    reference when its done callback has fired; a job with an invalid
+ *    segment must finish with LNORM_EINVAL; destroy must return with every
+ *    job done.
+ * 2. Staging: copies of one batch mixing small (staged) and large (direct)
+ *    segments, padded rows, gamma/beta shared by pointer between segments
+ *    and jobs, mean/rstd, residual, f32/f16/bf16, under three settings
+ *    (staging on; small arenas and slots, so that some small segments go
+ *    direct and batches take the temporary-buffer path; staging off) and
+ *    the three cuda-sync modes: every output equal to the CPU backend's
+ *    on the same inputs (test_gpu's tolerance) and to the float64
+ *    reference, row padding still poison, the backend's counters as
+ *    expected.
+ * 3. Fault injection (LNORM_CUDA_FAULT_EVERY=3, test only): fallback none,
+ *    exactly jobs 3, 6, 9 (1-based, in submission order) finish with
+ *    LNORM_ECUDA and the others are correct; fallback cpu, every job is
+ *    correct and the counters say which were computed on the CPU.
  * Needs a GPU: exits 1 when none is usable.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +35,8 @@
 #include "testutil.h"
 
 #define NJOBS 48
-#define MAXSEG 4
+#define RAND_MAXSEG 4 /* segments per job of part 1 */
+#define MAXSEG 16
 
 typedef struct tjob {
     lnorm__job job;
@@ -59,11 +76,29 @@ static void *pin(lnorm__backend *be, const void *src, size_t n)
     return p;
 }
 
-int main(void)
+static int wait_done(int n, int seconds)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += seconds;
+    pthread_mutex_lock(&g_mu);
+    while (g_done < n)
+        if (pthread_cond_timedwait(&g_cv, &g_mu, &dl) != 0)
+            break;
+    int finished = g_done;
+    pthread_mutex_unlock(&g_mu);
+    return finished;
+}
+
+/* Part 1: random jobs (the backend test as it was before staging). */
+static long test_random_jobs(void)
 {
     static const int64_t hs[] = {1, 64, 100, 1000, 4097, 8192, 20000, 70000, 300000};
     static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
     lnorm__backend *be = NULL;
+    pthread_mutex_lock(&g_mu);
+    g_done = 0;
+    pthread_mutex_unlock(&g_mu);
     int rc = lnorm__backend_cuda_create(&be, NULL, 1 << 20, 3); /* 1 MiB slots: some batches overflow */
     if (rc != LNORM_OK) {
         fprintf(stderr, "FAIL: lnorm__backend_cuda_create: %s (this test needs a GPU)\n", lnorm_errname(rc));
@@ -81,7 +116,7 @@ int main(void)
     long fails = 0;
     for (int j = 0; j < NJOBS; j++) {
         tjob *t = &jobs[j];
-        t->nsegs = 1 + (int)(lnorm_rng_next(&g) % MAXSEG);
+        t->nsegs = 1 + (int)(lnorm_rng_next(&g) % RAND_MAXSEG);
         t->bad = (j % 17 == 5);
         for (int i = 0; i < t->nsegs; i++) {
             lnorm_test_case_cfg c = {0};
@@ -195,10 +230,459 @@ int main(void)
             checked++;
         }
     }
-    printf("%s: %d jobs, %d segments checked, %ld failures\n", fails ? "FAIL" : "PASS", NJOBS, checked, fails);
+    printf("part 1 (random jobs): %s: %d jobs, %d segments checked, %ld failures\n", fails ? "FAIL" : "PASS", NJOBS,
+           checked, fails);
     for (int j = 0; j < NJOBS; j++)
         for (int i = 0; i < jobs[j].nsegs; i++)
             lnorm_test_case_free(&jobs[j].tc[i]);
     free(jobs);
+    return fails;
+}
+
+
+/* ---- parts 2 and 3: staging, shared parameters, fault injection -------- */
+
+/* Order-preserving integer of a 16-bit float's bits (for ulp distances). */
+static long ord16(uint16_t u)
+{
+    return (u & 0x8000u) ? -(long)(u & 0x7fffu) : (long)u;
+}
+
+/* Compare the outputs of g (the CUDA backend's) with those of c (the CPU
+ * backend's, same inputs, same strides) with test_gpu's tolerance: f16/bf16
+ * y within 2 ulps (or 4e-6 of the row's scale), f32 y within 4e-6 of the
+ * row's scale, residual_out bit-exact, mean/rstd within 4e-6. Returns the
+ * number of disagreements. */
+static long cmp_cpu(const lnorm_segment *g, const lnorm_segment *c, const char *label)
+{
+    long bad = 0;
+    size_t ysz = lnorm_dtype_size(g->y_dtype), xsz = lnorm_dtype_size(g->x_dtype);
+    for (int64_t r = 0; r < g->rows; r++) {
+        size_t ro = (size_t)(r * g->y_stride);
+        double scale = 0;
+        for (int64_t k = 0; k < g->hidden; k++) {
+            double v = fabs(lnorm_test_get(c->y, g->y_dtype, ro + (size_t)k));
+            if (v > scale)
+                scale = v;
+        }
+        for (int64_t k = 0; k < g->hidden; k++) {
+            size_t i = ro + (size_t)k;
+            double a = lnorm_test_get(g->y, g->y_dtype, i), b = lnorm_test_get(c->y, g->y_dtype, i);
+            int ok = fabs(a - b) <= 4e-6 * scale;
+            if (!ok && ysz == 2) {
+                uint16_t ua, ub;
+                memcpy(&ua, (const char *)g->y + i * 2, 2);
+                memcpy(&ub, (const char *)c->y + i * 2, 2);
+                ok = labs(ord16(ua) - ord16(ub)) <= 2;
+            }
+            if (!ok) {
+                if (bad < 3)
+                    fprintf(stderr, "  %s: gpu/cpu y differ at row %lld col %lld: %.9g vs %.9g\n", label,
+                            (long long)r, (long long)k, a, b);
+                bad++;
+            }
+        }
+        if (g->residual_out) {
+            size_t o = (size_t)(r * g->res_out_stride) * xsz;
+            if (memcmp((const char *)g->residual_out + o, (const char *)c->residual_out + o,
+                       (size_t)g->hidden * xsz)) {
+                fprintf(stderr, "  %s: gpu/cpu residual_out differ in row %lld\n", label, (long long)r);
+                bad++;
+            }
+        }
+        if (g->rstd) {
+            double a = g->rstd[r], b = c->rstd[r];
+            if (!(fabs(a - b) <= 4e-6 * fabs(b))) {
+                fprintf(stderr, "  %s: gpu/cpu rstd differ in row %lld: %.9g vs %.9g\n", label, (long long)r, a, b);
+                bad++;
+            }
+            if (g->mean) {
+                double m = g->mean[r], n = c->mean[r];
+                if (!(fabs(m - n) <= 4e-6 * (fabs(n) + 1.0 / b))) {
+                    fprintf(stderr, "  %s: gpu/cpu mean differ in row %lld: %.9g vs %.9g\n", label, (long long)r, m,
+                            n);
+                    bad++;
+                }
+            }
+        }
+    }
+    return bad;
+}
+
+/* One segment of the mixed batch. shared: 0 own gamma/beta, 1 the shared
+ * f32 pair (hidden 1024), 2 the shared bf16 pair (hidden 4096). */
+typedef struct mixdef {
+    int op, x_dtype, y_dtype, param_dtype;
+    int64_t rows, hidden, pad;
+    int residual, stats, shared;
+} mixdef;
+
+#define LN LNORM_OP_LAYERNORM
+#define RMS LNORM_OP_RMSNORM
+#define F32 LNORM_DTYPE_F32
+#define F16 LNORM_DTYPE_F16
+#define BF16 LNORM_DTYPE_BF16
+static const mixdef g_mix[] = {
+    /* small: staged with the default settings (payload <= 256 KiB) */
+    {LN, F32, F32, F32, 1, 1024, 0, 0, 1, 1},
+    {LN, BF16, BF16, F32, 2, 1024, 3, 0, 1, 1},   /* padded rows, f32 params shared with f32 x */
+    {RMS, F16, F16, F32, 3, 1024, 0, 1, 1, 1},    /* residual */
+    {LN, BF16, F32, BF16, 1, 4096, 0, 0, 0, 2},
+    {LN, BF16, BF16, BF16, 4, 4096, 5, 1, 1, 2},  /* residual, padding, stats */
+    {RMS, F32, BF16, F32, 2, 1024, 0, 0, 1, 1},
+    {LN, F16, F16, F16, 1, 100, 0, 0, 1, 0},      /* own params, odd hidden */
+    {RMS, BF16, BF16, BF16, 7, 64, 1, 1, 1, 0},
+    /* large: direct */
+    {LN, F32, F32, F32, 64, 1024, 0, 1, 1, 1},    /* 1 MiB, shared params */
+    {LN, BF16, BF16, BF16, 40, 4096, 3, 0, 1, 2}, /* padded, shared bf16 params */
+    {RMS, F16, F32, F16, 16, 20000, 0, 1, 1, 0},  /* a cluster tier */
+    {LN, F32, F32, F32, 1, 70000, 0, 0, 1, 0},
+    /* small again, after the large ones */
+    {LN, BF16, BF16, F32, 1, 1024, 0, 0, 1, 1},
+    {LN, F32, F16, F32, 5, 1024, 2, 1, 1, 1},
+};
+#undef LN
+#undef RMS
+#define NMIX ((int)(sizeof g_mix / sizeof g_mix[0]))
+
+/* Pinned parameters shared by pointer (registered params, as lnormd has
+ * them): [0] gamma/beta f32 hidden 1024, [1] gamma/beta bf16 hidden 4096. */
+static void *g_sh_gamma[2], *g_sh_beta[2];
+/* A backend that lives through parts 2 and 3, for buf_alloc / buf_free
+ * (the pinned pool is process-wide; a destroyed backend's ops are gone). */
+static lnorm__backend *g_pb;
+
+/* Build job t from g_mix, inputs from rng, pinned buffers from be. */
+static int make_mix_job(lnorm__backend *be, tjob *t, lnorm_rng *rng)
+{
+    memset(t, 0, sizeof *t);
+    t->nsegs = NMIX;
+    for (int i = 0; i < NMIX; i++) {
+        const mixdef *m = &g_mix[i];
+        lnorm_test_case_cfg c;
+        memset(&c, 0, sizeof c);
+        c.op = m->op;
+        c.x_dtype = m->x_dtype;
+        c.y_dtype = m->y_dtype;
+        c.param_dtype = m->param_dtype;
+        c.gamma = 1;
+        c.beta = m->op == LNORM_OP_LAYERNORM;
+        c.residual = m->residual;
+        c.stats = m->stats;
+        c.rows = m->rows;
+        c.hidden = m->hidden;
+        c.pad = m->pad;
+        c.x_mean = 0.5;
+        c.x_spread = 1.5;
+        if (lnorm_test_case_make(&t->tc[i], &c, rng) != LNORM_OK)
+            return -1;
+        lnorm_test_case *tc = &t->tc[i];
+        lnorm_segment *s = &t->segs[i];
+        *s = tc->seg;
+        size_t pb = (size_t)c.hidden * lnorm_dtype_size(s->param_dtype);
+        s->x = pin(be, tc->x, tc->x_bytes);
+        s->y = pin(be, tc->y, tc->y_bytes);
+        s->residual = pin(be, tc->residual, tc->res_bytes);
+        s->residual_out = pin(be, tc->residual_out, tc->res_bytes);
+        s->mean = pin(be, tc->mean, (size_t)c.rows * 4);
+        s->rstd = pin(be, tc->rstd, (size_t)c.rows * 4);
+        if (m->shared) {
+            s->gamma = g_sh_gamma[m->shared - 1];
+            s->beta = c.beta ? g_sh_beta[m->shared - 1] : NULL;
+        } else {
+            s->gamma = pin(be, tc->gamma, pb);
+            s->beta = pin(be, tc->beta, pb);
+        }
+        if (!s->x || !s->y || (tc->residual && (!s->residual || !s->residual_out)) || (tc->mean && !s->mean) ||
+            (tc->rstd && !s->rstd) || !s->gamma || (c.beta && !s->beta))
+            return -1;
+    }
+    t->job.batch.segs = t->segs;
+    t->job.batch.nsegs = (size_t)t->nsegs;
+    t->job.done = on_done;
+    t->job.arg = t;
+    return 0;
+}
+
+/* Free a mixed job's pinned buffers (not the shared parameters) and cases. */
+static void free_mix_job(lnorm__backend *be, tjob *t)
+{
+    for (int i = 0; i < t->nsegs; i++) {
+        lnorm_segment *s = &t->segs[i];
+        be->ops->buf_free(be, (void *)s->x);
+        be->ops->buf_free(be, s->y);
+        be->ops->buf_free(be, (void *)s->residual);
+        be->ops->buf_free(be, s->residual_out);
+        be->ops->buf_free(be, s->mean);
+        be->ops->buf_free(be, s->rstd);
+        if (!g_mix[i].shared) {
+            be->ops->buf_free(be, (void *)s->gamma);
+            be->ops->buf_free(be, (void *)s->beta);
+        }
+        lnorm_test_case_free(&t->tc[i]);
+    }
+}
+
+/* Check a finished mixed job: against float64, row padding still poison,
+ * and equal to the CPU backend's outputs on the same inputs. */
+static long check_mix_job(tjob *t, lnorm_cpu *cpu, const char *what, int j)
+{
+    long fails = 0;
+    for (int i = 0; i < t->nsegs; i++) {
+        const lnorm_segment *s = &t->segs[i];
+        lnorm_test_case *tc = &t->tc[i];
+        char label[128];
+        snprintf(label, sizeof label, "%s job %d seg %d (%s H=%lld rows=%lld)", what, j, i,
+                 lnorm_dtype_name(s->x_dtype), (long long)s->hidden, (long long)s->rows);
+        long bad = lnorm_test_check_segment(s, NULL, label);
+        /* Row padding of the pinned outputs must still be poison. */
+        memcpy(tc->y, s->y, tc->y_bytes);
+        if (tc->residual_out)
+            memcpy(tc->residual_out, s->residual_out, tc->res_bytes);
+        long pw = lnorm_test_case_pad_writes(tc);
+        if (pw)
+            fprintf(stderr, "  %s: %ld bytes of row padding written\n", label, pw);
+        bad += pw;
+        /* The CPU backend on the same inputs, into the case's own (poisoned
+         * again) outputs. */
+        lnorm_test_case_repoison(tc);
+        lnorm_segment c = *s;
+        c.y = tc->y;
+        c.residual_out = tc->residual_out;
+        c.mean = tc->mean;
+        c.rstd = tc->rstd;
+        const char *why = NULL;
+        lnorm_batch cb = {&c, 1};
+        int rc = lnorm_cpu_run(cpu, &cb, &why);
+        if (rc != LNORM_OK) {
+            fprintf(stderr, "  %s: CPU backend: %s (%s)\n", label, lnorm_errname(rc), why ? why : "-");
+            bad++;
+        } else {
+            bad += cmp_cpu(s, &c, label);
+        }
+        if (bad) {
+            fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
+            fails++;
+        }
+    }
+    return fails;
+}
+
+/* Part 2: NCOPY copies of the mixed batch at once under one setting. */
+#define NCOPY 6
+static long test_mixed(const char *name, const lnorm__cuda_opts *o, lnorm_cpu *cpu, int expect_staged,
+                       int expect_direct, int expect_oversize, lnorm_rng *rng)
+{
+    lnorm__backend *be = NULL;
+    int rc = lnorm__backend_cuda_create_opts(&be, o);
+    if (rc != LNORM_OK) {
+        fprintf(stderr, "FAIL %s: create: %s\n", name, lnorm_errname(rc));
+        return 1;
+    }
+    char desc[512];
+    be->ops->describe(be, desc, sizeof desc);
+    printf("%s: %s\n", name, desc);
+    pthread_mutex_lock(&g_mu);
+    g_done = 0;
+    pthread_mutex_unlock(&g_mu);
+    tjob *jobs = calloc(NCOPY, sizeof *jobs);
+    long fails = 0;
+    int nmade = 0;
+    for (int j = 0; j < NCOPY; j++, nmade++)
+        if (make_mix_job(g_pb, &jobs[j], rng) != 0) {
+            fprintf(stderr, "FAIL %s: out of memory building the jobs\n", name);
+            fails++;
+            nmade++;
+            goto out;
+        }
+    for (int j = 0; j < NCOPY; j++) {
+        rc = be->ops->submit(be, &jobs[j].job);
+        if (rc != LNORM_OK) {
+            fprintf(stderr, "FAIL %s: submit %d: %s\n", name, j, lnorm_errname(rc));
+            pthread_mutex_lock(&g_mu);
+            g_done++;
+            pthread_mutex_unlock(&g_mu);
+            fails++;
+        }
+    }
+    if (wait_done(NCOPY, 120) < NCOPY) {
+        fprintf(stderr, "FAIL %s: jobs did not finish in 120 s\n", name);
+        return fails + 1; /* the backend still holds them: nothing can be freed */
+    }
+    lnorm__backend_counters cn;
+    memset(&cn, 0, sizeof cn);
+    be->ops->counters(be, &cn);
+    for (int j = 0; j < NCOPY; j++) {
+        if (jobs[j].done_calls != 1 || jobs[j].err != LNORM_OK) {
+            fprintf(stderr, "FAIL %s job %d: done called %d times, %s\n", name, j, jobs[j].done_calls,
+                    lnorm_errname(jobs[j].err));
+            fails++;
+            continue;
+        }
+        fails += check_mix_job(&jobs[j], cpu, name, j);
+    }
+    printf("%s: staged %llu, direct %llu, oversize batches %llu, errors %llu\n", name,
+           (unsigned long long)cn.staged_segments, (unsigned long long)cn.direct_segments,
+           (unsigned long long)cn.oversize_batches, (unsigned long long)cn.errors);
+    if ((expect_staged >= 0 && (cn.staged_segments > 0) != (expect_staged > 0)) ||
+        (expect_direct >= 0 && (cn.direct_segments > 0) != (expect_direct > 0)) ||
+        (expect_oversize >= 0 && (cn.oversize_batches > 0) != (expect_oversize > 0)) || cn.errors ||
+        cn.staged_segments + cn.direct_segments != (uint64_t)NCOPY * NMIX) {
+        fprintf(stderr, "FAIL %s: counters not as expected (staged %s, direct %s, oversize %s, no errors, %d segments)\n",
+                name, expect_staged ? "> 0" : "0", expect_direct ? "> 0" : "0", expect_oversize ? "> 0" : "0",
+                NCOPY * NMIX);
+        fails++;
+    }
+out:
+    be->ops->destroy(be);
+    for (int j = 0; j < nmade && j < NCOPY; j++)
+        free_mix_job(g_pb, &jobs[j]);
+    free(jobs);
+    printf("%s: %s\n", name, fails ? "FAIL" : "PASS");
+    return fails;
+}
+
+/* Part 3: LNORM_CUDA_FAULT_EVERY=3 over NFAULT jobs submitted one by one. */
+#define NFAULT 9
+static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
+{
+    const char *name = fallback ? "fault/fallback-cpu" : "fault/fallback-none";
+    setenv("LNORM_CUDA_FAULT_EVERY", "3", 1);
+    lnorm__cuda_opts o;
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)64 << 20;
+    o.fallback = fallback ? LNORM__CUDA_FALLBACK_CPU : LNORM__CUDA_FALLBACK_NONE;
+    lnorm__backend *be = NULL;
+    int rc = lnorm__backend_cuda_create_opts(&be, &o);
+    unsetenv("LNORM_CUDA_FAULT_EVERY");
+    if (rc != LNORM_OK) {
+        fprintf(stderr, "FAIL %s: create: %s\n", name, lnorm_errname(rc));
+        return 1;
+    }
+    char desc[512];
+    be->ops->describe(be, desc, sizeof desc);
+    printf("%s: %s\n", name, desc);
+    pthread_mutex_lock(&g_mu);
+    g_done = 0;
+    pthread_mutex_unlock(&g_mu);
+    tjob *jobs = calloc(NFAULT, sizeof *jobs);
+    long fails = 0;
+    int nmade = 0;
+    for (int j = 0; j < NFAULT; j++, nmade++)
+        if (make_mix_job(g_pb, &jobs[j], rng) != 0) {
+            fprintf(stderr, "FAIL %s: out of memory building the jobs\n", name);
+            fails++;
+            nmade++;
+            goto out;
+        }
+    /* One thread, in order: job j is the (j+1)th submitted. */
+    for (int j = 0; j < NFAULT; j++) {
+        rc = be->ops->submit(be, &jobs[j].job);
+        if (rc != LNORM_OK) {
+            fprintf(stderr, "FAIL %s: submit %d: %s\n", name, j, lnorm_errname(rc));
+            pthread_mutex_lock(&g_mu);
+            g_done++;
+            pthread_mutex_unlock(&g_mu);
+            fails++;
+        }
+    }
+    if (wait_done(NFAULT, 120) < NFAULT) {
+        fprintf(stderr, "FAIL %s: jobs did not finish in 120 s\n", name);
+        return fails + 1;
+    }
+    lnorm__backend_counters cn;
+    memset(&cn, 0, sizeof cn);
+    be->ops->counters(be, &cn);
+    int faulted = 0;
+    for (int j = 0; j < NFAULT; j++) {
+        int fault = (j + 1) % 3 == 0;
+        faulted += fault;
+        int want = fault && !fallback ? LNORM_ECUDA : LNORM_OK;
+        if (jobs[j].done_calls != 1 || jobs[j].err != want) {
+            fprintf(stderr, "FAIL %s job %d: done called %d times, %s (want %s)\n", name, j, jobs[j].done_calls,
+                    lnorm_errname(jobs[j].err), lnorm_errname(want));
+            fails++;
+            continue;
+        }
+        if (want == LNORM_OK)
+            fails += check_mix_job(&jobs[j], cpu, name, j);
+    }
+    printf("%s: errors %llu, CPU fallback batches %llu\n", name, (unsigned long long)cn.errors,
+           (unsigned long long)cn.fallback_batches);
+    if (cn.errors != (uint64_t)faulted || cn.fallback_batches != (uint64_t)(fallback ? faulted : 0)) {
+        fprintf(stderr, "FAIL %s: counters: errors %llu (want %d), fallback %llu (want %d)\n", name,
+                (unsigned long long)cn.errors, faulted, (unsigned long long)cn.fallback_batches,
+                fallback ? faulted : 0);
+        fails++;
+    }
+out:
+    be->ops->destroy(be);
+    for (int j = 0; j < nmade && j < NFAULT; j++)
+        free_mix_job(g_pb, &jobs[j]);
+    free(jobs);
+    printf("%s: %s\n", name, fails ? "FAIL" : "PASS");
+    return fails;
+}
+
+int main(void)
+{
+    long fails = test_random_jobs();
+
+    lnorm_cpu *cpu = NULL;
+    lnorm__backend *pb = NULL;
+    if (lnorm_cpu_create(&cpu, 0) != LNORM_OK || lnorm__backend_cuda_create(&pb, NULL, 1 << 20, 1) != LNORM_OK) {
+        fprintf(stderr, "FAIL: CPU backend or parameter allocator\n");
+        return 1;
+    }
+    g_pb = pb;
+    /* The shared parameters, pinned. */
+    lnorm_rng rng;
+    lnorm_rng_seed(&rng, 0x5ca77e2du);
+    static const int pdt[2] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16};
+    static const size_t ph[2] = {1024, 4096};
+    for (int k = 0; k < 2; k++) {
+        size_t n = ph[k] * lnorm_dtype_size(pdt[k]);
+        g_sh_gamma[k] = pb->ops->buf_alloc(pb, n);
+        g_sh_beta[k] = pb->ops->buf_alloc(pb, n);
+        if (!g_sh_gamma[k] || !g_sh_beta[k]) {
+            fprintf(stderr, "FAIL: out of memory\n");
+            return 1;
+        }
+        lnorm_test_fill(&rng, g_sh_gamma[k], pdt[k], ph[k], 1.0, 0.5);
+        lnorm_test_fill(&rng, g_sh_beta[k], pdt[k], ph[k], 0.0, 0.5);
+    }
+
+    lnorm__cuda_opts o;
+    /* Staging on (the defaults, smaller slots): small segments staged,
+     * large ones direct, everything fits the arena. Completion: spin. */
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)64 << 20;
+    o.sync = LNORM__CUDA_SYNC_SPIN;
+    fails += test_mixed("staged+direct/spin", &o, cpu, 1, 1, 0, &rng);
+    /* Small arenas and slots: some small segments no longer fit the
+     * staging arenas (direct), batches exceed the 1 MiB device arena
+     * (temporary buffer). Completion: block. */
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)1 << 20;
+    o.staging_bytes = (size_t)64 << 10;
+    o.sync = LNORM__CUDA_SYNC_BLOCK;
+    fails += test_mixed("small-arenas+oversize/block", &o, cpu, 1, 1, 1, &rng);
+    /* Staging off: every segment direct. Completion: yield. */
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)64 << 20;
+    o.staging_bytes = 0;
+    o.sync = LNORM__CUDA_SYNC_YIELD;
+    fails += test_mixed("no-staging/yield", &o, cpu, 0, 1, 0, &rng);
+
+    fails += test_faults(0, cpu, &rng);
+    fails += test_faults(1, cpu, &rng);
+
+    for (int k = 0; k < 2; k++) {
+        pb->ops->buf_free(pb, g_sh_gamma[k]);
+        pb->ops->buf_free(pb, g_sh_beta[k]);
+    }
+    pb->ops->destroy(pb);
+    lnorm_cpu_destroy(cpu);
+    printf("%s: test_backend_cuda, %ld failures\n", fails ? "FAIL" : "PASS", fails);
     return fails != 0;
 }
