@@ -79,6 +79,10 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--alt", action="append", default=[],
                     help="NAME=PATH: another build of the library (tuning variant), timed as lnormd_NAME")
+    ap.add_argument("--variant", action="append", default=None,
+                    help="NAME=KEY:VAL[,KEY:VAL]: run-time tuning of the same library "
+                         "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
+                         "default: nobulk=bulk:0, st2=bulk_stages:2, st4=bulk_stages:4")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
@@ -87,6 +91,20 @@ def main():
     a = ap.parse_args()
     lib = load_lib(a.lib)
     alts = [(kv.split("=", 1)[0], load_lib(kv.split("=", 1)[1])) for kv in a.alt]
+    variants = []
+    if hasattr(lib, "lnorm_cuda_set_tuning"):
+        lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
+        lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "st2=bulk_stages:2", "st4=bulk_stages:4"]
+        for spec in specs:
+            name, kvs = spec.split("=", 1)
+            variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))
+    defaults = {"bulk": 1, "bulk_stages": 0, "bulk_ctas": 0}
+
+    def tune(kvs):
+        for k, v in kvs:
+            if lib.lnorm_cuda_set_tuning(k.encode(), v) != 0:
+                raise SystemExit(f"lnorm_cuda_set_tuning({k}, {v}) refused")
     dev = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     total = 1 << a.elems_log2
@@ -130,6 +148,17 @@ def main():
                 res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
                 del ref
                 res["lnormd"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
+                for name, kvs in variants:
+                    tune(kvs)
+                    y2 = torch.full_like(x, float("nan"))
+                    fn_v = lnormd_fn(lib, op, x, w, b, y2)
+                    fn_v()
+                    torch.cuda.synchronize()
+                    res["lnormd_" + name + "_bitsame"] = bool(torch.equal(y.view(torch.int16 if esz == 2 else torch.int32),
+                                                                          y2.view(torch.int16 if esz == 2 else torch.int32)))
+                    res["lnormd_" + name] = gbs(triton.testing.do_bench(fn_v, return_mode="median"))
+                    tune(list(defaults.items()))
+                    del y2
                 for name, alib in alts:
                     fn_a = lnormd_fn(alib, op, x, w, b, y)
                     res["lnormd_" + name] = gbs(triton.testing.do_bench(fn_a, return_mode="median"))
@@ -163,13 +192,16 @@ def main():
                       f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} "
                       f"vs copy {res['lnormd_vs_copy']:.2f} {'OK' if res['meets_target'] else 'MISS'} "
                       f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
-                      + "".join(f" {n} {res['lnormd_' + n]:.0f}" for n, _ in alts), flush=True)
+                      + "".join(f" {n} {res['lnormd_' + n]:.0f}" for n, _ in alts)
+                      + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
+                                for n, _ in variants), flush=True)
                 del y
         del src
     out = {"device": dev, "date": date, "commit": a.commit, "elements": total,
            "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
            "copy_gbs": copy_gbs, "torch": torch.__version__, "triton": triton.__version__,
-           "torch_compile_seconds": compile_spent, "alt_builds": a.alt, "rows": rows}
+           "torch_compile_seconds": compile_spent, "alt_builds": a.alt,
+           "variants": [f"{n}=" + ",".join(f"{k}:{v}" for k, v in kvs) for n, kvs in variants], "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     jpath = os.path.join(a.out, f"kernels-{date}.json")
     with open(jpath, "w") as f:

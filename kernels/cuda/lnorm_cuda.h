@@ -63,6 +63,14 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
                     void *residual_out, const void *gamma, const void *beta, float *mean, float *rstd,
                     float eps, int eps_mode, void *stream);
 
+/* Tuning knobs for benchmarks and A/B runs (process-wide, not thread-safe
+ * against concurrent launches): "bulk" 0/1 (the bulk-copy kernels, default
+ * 1), "bulk_stages" 0 or 2..8 (stages per CTA, 0 = chosen per launch),
+ * "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none). Every setting
+ * gives the same output bits. Returns LNORM_EINVAL for an unknown name or
+ * value. */
+int lnorm_cuda_set_tuning(const char *name, int value);
+
 #ifdef __cplusplus
 }
 #endif

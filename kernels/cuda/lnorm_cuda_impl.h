@@ -45,12 +45,22 @@ enum {
     LNORM__FAST_RMS = 2,
     LNORM__FAST_LN_PF32 = 3,  /* f16/bf16 x, f32 parameters */
     LNORM__FAST_RMS_PF32 = 4,
-    LNORM__NFAST = 5
+    LNORM__NFAST = 5,
+    LNORM__FAST_VMASK = 7,    /* the variant bits of kparams.fast */
+    LNORM__FAST_BULK = 8      /* flag: rows staged by bulk copies (k_bulk) */
 };
+
+/* Run-time tuning of the bulk path (lnorm_cuda_set_tuning): on/off, stage
+ * count (0 = chosen by the launcher) and a cap on resident CTAs per SM
+ * (0 = chosen). Defined in lnorm_cuda_run.c. */
+extern int lnorm__bulk_enabled;
+extern int lnorm__bulk_stages_override;
+extern int lnorm__bulk_ctas_override;
 
 /* The parameters of one launch: either a device table of nsegs segments
  * sorted by row_begin, or (table NULL) the single segment `one` inline.
- * fast: the LNORM__FAST_* variant every segment of the launch shares. */
+ * fast: the LNORM__FAST_* variant every segment of the launch shares, with
+ * LNORM__FAST_BULK when every row of the launch may be bulk-copied. */
 typedef struct lnorm__kparams {
     const lnorm__kseg *table;
     int64_t total_rows;

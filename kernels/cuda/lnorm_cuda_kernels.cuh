@@ -6,7 +6,9 @@
  *
  * Column mapping. x is read in chunks of VEC = 16 / sizeof(x) elements.
  * Chunk j of thread t of CTA rank k (of CL CTAs on one row) covers columns
- * [c * VEC, c * VEC + VEC) with c = (j * CL + k) * TPR + t. The mapping
+ * [c * VEC, c * VEC + VEC) with c = (k * NCH + j) * TPR + t: CTA k of a
+ * cluster owns one contiguous slice of NCH * TPR chunks (which a single
+ * bulk copy can bring into its shared memory, see k_bulk). The mapping
  * depends on the tier only, never on pointer alignment or on the batch:
  * an aligned full chunk is one 16-byte access, any other chunk is read
  * element by element with the same mask, so a row gives the same bits
@@ -289,7 +291,7 @@ __device__ __forceinline__ void emit_row(const uint4 (&raw)[NCH], const lnorm__k
     const bool bal = bp && chunk_aligned<TP, VEC>(bp);
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
-        const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         if (c0 >= H)
             continue;
         float f[VEC], g[VEC], b[VEC];
@@ -393,7 +395,7 @@ __device__ __forceinline__ RowState fetch_row(const lnorm__kparams &p, int64_t b
     const RowPtrs<TX> q = row_ptrs<TX>(st.s, st.r);
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
-        const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         raw[j] = load_h<TX>(q, c0, st.H);
     }
     st.K = (st.s->op != LNORM_OP_RMSNORM && st.H > 0) ? row_shift<TX>(q) : 0.0f;
@@ -448,7 +450,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
-                const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
                 float f[VEC];
                 unpack<TX>(raw[j], f);
                 if (c0 + VEC <= H) {
@@ -469,7 +471,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         float sq = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
-            const int c0 = ((j * CL + rank) * TPR + t) * VEC;
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
             float f[VEC];
             unpack<TX>(raw[j], f);
             if (c0 + VEC <= H) {
@@ -760,6 +762,133 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
     load_chunk<TP, N>(p, c0, H, al, v);
 }
 
+/* Whether the fast path keeps a row's gamma/beta chunks in registers. */
+template <typename TX, typename TP, bool RMS, int NCH> struct FastGC {
+    static constexpr bool value = (LNORM_CUDA_FAST_GCACHE >= 2 || (LNORM_CUDA_FAST_GCACHE == 1 && !RMS)) &&
+                                  sizeof(TP) == sizeof(TX) && NCH <= 4;
+};
+
+/* The fast path's arithmetic for one row, shared by k_fast (rows loaded
+ * from global memory) and k_bulk (rows staged in shared memory), so a row
+ * gives the same bits through either: raw holds the row's chunks of this
+ * thread (column mapping of the file header), K is the LayerNorm shift
+ * (h[0], 0 if not finite; 0 for RMSNorm), H = 0 for a group without a row.
+ * Reduces over the group (and the cluster), writes mean/rstd and y.
+ * gcache/bcache/cs: the thread's cached parameter chunks and the segment
+ * they belong to (used when GC). Every thread of the CTA calls it (the
+ * reductions synchronize). */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC>
+__device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
+                                         float K, int rank, int t, float (*red)[BLOCK / 32], float *cred, int &par,
+                                         uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
+                                         const lnorm__kseg *&cs)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    float d = 0.0f;
+    if constexpr (!RMS) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            float f[VEC];
+            unpack<TX>(raw[j], f);
+            if (c0 + VEC <= H) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    sum += f[k] - K;
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    sum += (c0 + k < H) ? f[k] - K : 0.0f;
+            }
+        }
+        sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
+        par ^= 1;
+        d = H > 0 ? sum / (float)H : 0.0f;
+    }
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+        float f[VEC];
+        unpack<TX>(raw[j], f);
+        if (c0 + VEC <= H) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float e = RMS ? f[k] : (f[k] - K) - d;
+                sq += e * e;
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
+                sq += e * e;
+            }
+        }
+    }
+    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, par);
+    par ^= 1;
+    if (!active)
+        return; /* nothing below synchronizes */
+    const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+    if (t == 0 && rank == 0) {
+        if (s->mean)
+            s->mean[r] = K + d;
+        if (s->rstd)
+            s->rstd[r] = rstd;
+    }
+    const TP *gp = (const TP *)s->gamma;
+    const TP *bp = (const TP *)s->beta;
+    const bool gal = ((uintptr_t)gp & 15) == 0;
+    const bool bal = ((uintptr_t)bp & 15) == 0;
+    if constexpr (GC) {
+        if (s != cs) {
+            cs = s;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
+                bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
+            }
+        }
+    }
+    TX *yr = (TX *)s->y + r * s->y_stride;
+    const bool yal = ((uintptr_t)yr & 15) == 0;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+        if (c0 >= H)
+            continue;
+        float f[VEC], g[VEC], b[VEC];
+        unpack<TX>(raw[j], f);
+        if constexpr (GC) {
+            unpack<TP>(gcache[j], g);
+            unpack<TP>(bcache[j], b);
+        } else {
+            load_param<TP, VEC>(gp, c0, H, gal, 1.0f, g);
+            load_param<TP, VEC>(bp, c0, H, bal, -0.0f, b);
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float n = (RMS ? f[k] : (f[k] - K) - d) * rstd;
+            n = n * g[k];
+            f[k] = n + b[k];
+        }
+        store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+#if LNORM_CUDA_EMIT_BARRIER
+        if constexpr (!GC)
+            asm volatile("" ::: "memory");
+#endif
+    }
+}
+
+/* The LayerNorm shift of a row from its first element (0 if not finite). */
+template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
+{
+    const float k = to_f<TX>(v0);
+    return isfinite(k) ? k : 0.0f;
+}
+
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
 __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
@@ -767,8 +896,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
-    constexpr bool GC = (LNORM_CUDA_FAST_GCACHE >= 2 || (LNORM_CUDA_FAST_GCACHE == 1 && !RMS)) &&
-                        sizeof(TP) == sizeof(TX) && NCH <= 4;
+    constexpr bool GC = FastGC<TX, TP, RMS, NCH>::value;
     constexpr int NGC = GC ? NCH : 1;
     __shared__ float red[2][BLOCK / 32];
     const int t = (int)(threadIdx.x % TPR);
@@ -789,106 +917,326 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
 #pragma unroll
         for (int j = 0; j < NCH; j++)
             raw[j] = load_raw<TX>(xr, (j * TPR + t) * VEC, H, xal);
-        float K = 0.0f, d = 0.0f;
-        if constexpr (!RMS) {
-            if (H > 0) {
-                K = to_f<TX>(xr[0]);
-                K = isfinite(K) ? K : 0.0f;
-            }
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = (j * TPR + t) * VEC;
-                float f[VEC];
-                unpack<TX>(raw[j], f);
-                if (c0 + VEC <= H) {
-#pragma unroll
-                    for (int k = 0; k < VEC; k++)
-                        sum += f[k] - K;
-                } else {
-#pragma unroll
-                    for (int k = 0; k < VEC; k++)
-                        sum += (c0 + k < H) ? f[k] - K : 0.0f;
-                }
-            }
-            sum = group_sum<TPR, BLOCK, 1>(sum, red, nullptr, par);
-            par ^= 1;
-            d = H > 0 ? sum / (float)H : 0.0f;
-        }
-        float sq = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = (j * TPR + t) * VEC;
-            float f[VEC];
-            unpack<TX>(raw[j], f);
-            if (c0 + VEC <= H) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = RMS ? f[k] : (f[k] - K) - d;
-                    sq += e * e;
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
-                    sq += e * e;
-                }
-            }
-        }
-        sq = group_sum<TPR, BLOCK, 1>(sq, red, nullptr, par);
-        par ^= 1;
-        if (!active)
-            continue; /* nothing below synchronizes */
-        const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
-        if (t == 0) {
-            if (s->mean)
-                s->mean[r] = K + d;
-            if (s->rstd)
-                s->rstd[r] = rstd;
-        }
-        const TP *gp = (const TP *)s->gamma;
-        const TP *bp = (const TP *)s->beta;
-        const bool gal = ((uintptr_t)gp & 15) == 0;
-        const bool bal = ((uintptr_t)bp & 15) == 0;
-        if constexpr (GC) {
-            if (s != cs) {
-                cs = s;
-#pragma unroll
-                for (int j = 0; j < NCH; j++) {
-                    const int c0 = (j * TPR + t) * VEC;
-                    gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
-                    bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
-                }
-            }
-        }
-        TX *yr = (TX *)s->y + r * s->y_stride;
-        const bool yal = ((uintptr_t)yr & 15) == 0;
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = (j * TPR + t) * VEC;
-            if (c0 >= H)
-                continue;
-            float f[VEC], g[VEC], b[VEC];
-            unpack<TX>(raw[j], f);
-            if constexpr (GC) {
-                unpack<TP>(gcache[j], g);
-                unpack<TP>(bcache[j], b);
-            } else {
-                load_param<TP, VEC>(gp, c0, H, gal, 1.0f, g);
-                load_param<TP, VEC>(bp, c0, H, bal, -0.0f, b);
-            }
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                float n = (RMS ? f[k] : (f[k] - K) - d) * rstd;
-                n = n * g[k];
-                f[k] = n + b[k];
-            }
-            store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
-#if LNORM_CUDA_EMIT_BARRIER
-            if constexpr (!GC)
-                asm volatile("" ::: "memory");
+        const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC>(raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache,
+                                                       bcache, cs);
+    }
+}
+
+/* ---- Bulk-copy path (sm_90) ---------------------------------------------
+ * The fast path with the rows staged through shared memory by the copy
+ * engine (cp.async.bulk, completion on an mbarrier), in a ring of `stages`
+ * tiles per CTA: while a CTA reduces and writes one tile, the next
+ * stages - 1 tiles are already on their way, so the bytes in flight no
+ * longer depend on registers or on where the warps are in their
+ * reductions. A tile is the RPC rows one iteration of k_fast covers (one
+ * row for the cluster tiers, where each CTA of the cluster copies its own
+ * contiguous slice of the row). Rows are read from shared memory into the
+ * same registers, in the same column mapping, and fast_row does the same
+ * arithmetic: a row gives the same bits as through k_fast / k_reg.
+ * Used for fast-path segments whose rows start 16-byte aligned and are a
+ * multiple of 16 bytes long (the host checks; see lnorm__bulk_ok). */
+#ifndef LNORM_CUDA_BULK
+#define LNORM_CUDA_BULK 1
 #endif
+#define LNORM__BULK_MAXST 8
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+
+/* Add bytes to the transaction count of the current phase. */
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+
+/* Wait until the phase with this parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity)
+{
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_addr(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from global
+ * to this CTA's shared memory; completion is counted on mbarrier b. */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(b))
+                 : "memory");
+}
+
+/* Shared-memory bytes of one staged row (rs) for a launch: the row itself
+ * when every row has the launch's single segment, else the tier's slice
+ * capacity (rows of a table launch may differ in length). Host and device
+ * compute it alike. */
+__host__ __device__ __forceinline__ int64_t bulk_row_bytes(const lnorm__kparams &p, int64_t slice_cap, int xsz,
+                                                          int CL)
+{
+    if (p.table == nullptr && CL == 1)
+        return p.one.hidden * xsz;
+    return slice_cap;
+}
+
+/* Warp 0 starts the copies of tile `tile` (rows row0 .. row0 + RPC - 1 of
+ * the launch; this CTA's slice of them) into stage buffer dst, counted on
+ * bar. Lanes take rows in turn; lane 0 arrives once every lane has added
+ * its bytes. A row (or slice) past the end copies nothing. */
+template <typename TX, int TPR, int NCH, int CL, int RPC>
+__device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile, int rank, unsigned char *dst,
+                                           int64_t rs, uint64_t *bar)
+{
+    constexpr int64_t SLICE = (int64_t)TPR * NCH * 16;
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t row0 = tile * RPC;
+    if (p.table == nullptr && CL == 1 && p.one.x_stride == p.one.hidden) {
+        /* Contiguous rows of one segment: one copy for the tile. */
+        if (lane == 0) {
+            const int64_t n = (p.total_rows - row0) < RPC ? (p.total_rows - row0) : RPC;
+            const uint32_t bytes = (uint32_t)(n * rs);
+            mbar_expect_tx(bar, bytes);
+            bulk_load(dst, (const TX *)p.one.x + row0 * p.one.hidden, bytes, bar);
         }
+    } else {
+        for (int g = lane; g < RPC; g += 32) {
+            const int64_t row = row0 + g;
+            if (row >= p.total_rows)
+                break;
+            const lnorm__kseg *s = p.table ? find_seg(p, row) : &p.one;
+            const int64_t r = row - s->row_begin;
+            const int64_t rowb = s->hidden * (int64_t)sizeof(TX);
+            const int64_t off = (int64_t)rank * SLICE;
+            int64_t bytes = rowb - off;
+            if (bytes > SLICE)
+                bytes = SLICE;
+            if (bytes <= 0)
+                continue;
+            mbar_expect_tx(bar, (uint32_t)bytes);
+            bulk_load(dst + g * rs, (const unsigned char *)((const TX *)s->x + r * s->x_stride) + off,
+                      (uint32_t)bytes, bar);
+        }
+        __syncwarp();
+    }
+    if (lane == 0)
+        mbar_arrive(bar);
+}
+
+/* CTA size and register budget of a bulk kernel: the bytes in flight come
+ * from the stages, not from registers, so a thread may use more registers
+ * than in k_fast (no spills): up to 128 a thread for 4-chunk tiers, as
+ * many as one CTA per SM allows for 8-chunk tiers (their stages fill the
+ * shared memory of an SM anyway). */
+template <int TPR, int NCH> struct BulkShape {
+    static constexpr int block = RegShape<TPR, NCH>::block;
+    static constexpr int min_blocks = NCH <= 4 && 65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1;
+};
+
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
+__global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH>::min_blocks)
+    k_bulk(const __grid_constant__ lnorm__kparams p, int stages)
+{
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    constexpr int RPC = BLOCK / TPR;
+    static_assert(CL == 1 || RPC == 1, "a cluster tier holds one row per CTA");
+    constexpr bool GC = FastGC<TX, TP, RMS, NCH>::value;
+    constexpr int NGC = GC ? NCH : 1;
+    extern __shared__ __align__(128) unsigned char stage_mem[];
+    __shared__ uint64_t bar[LNORM__BULK_MAXST];
+    __shared__ float red[2][BLOCK / 32];
+    __shared__ float cred[4];
+    const int t = (int)(threadIdx.x % TPR);
+    const int g = (int)(threadIdx.x / TPR);
+    int rank = 0;
+    if constexpr (CL > 1)
+        rank = (int)cg::this_cluster().block_rank();
+    const int64_t cid = blockIdx.x / CL, ncl = gridDim.x / CL;
+    const int64_t rs = bulk_row_bytes(p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL);
+    const int64_t stage_bytes = rs * RPC;
+    const int64_t ntiles = (p.total_rows + RPC - 1) / RPC;
+    const bool multi = p.table != nullptr;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < stages; i++)
+            mbar_init(&bar[i], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 32)
+        for (int i = 0; i < stages; i++)
+            if (cid + i * ncl < ntiles)
+                bulk_issue<TX, TPR, NCH, CL, RPC>(p, cid + i * ncl, rank, stage_mem + i * stage_bytes, rs, &bar[i]);
+    int par = 0;
+    uint4 gcache[NGC], bcache[NGC];
+    const lnorm__kseg *cs = nullptr;
+    int st = 0;
+    uint32_t phase = 0;
+    for (int64_t k = 0;; k++) {
+        const int64_t tile = cid + k * ncl;
+        if (tile >= ntiles)
+            break;
+        const int64_t row = tile * RPC + g;
+        const bool active = row < p.total_rows;
+        const int64_t rr = active ? row : p.total_rows - 1;
+        const lnorm__kseg *s = multi ? find_seg(p, rr) : &p.one;
+        const int64_t r = rr - s->row_begin;
+        const int H = active ? (int)s->hidden : 0;
+        mbar_wait(&bar[st], phase);
+        const unsigned char *src = stage_mem + st * stage_bytes + g * rs;
+        uint4 raw[NCH];
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            raw[j] = c0 < H ? *reinterpret_cast<const uint4 *>(src + (int64_t)(j * TPR + t) * 16)
+                            : make_uint4(0u, 0u, 0u, 0u);
+        }
+        float K = 0.0f;
+        if (!RMS && H > 0) {
+            if constexpr (CL == 1)
+                K = shift_of<TX>(*reinterpret_cast<const TX *>(src));
+            else
+                K = shift_of<TX>(((const TX *)s->x + r * s->x_stride)[0]);
+        }
+        /* Stage st is read: refill it with tile k + stages. */
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const int64_t nt = cid + (k + stages) * ncl;
+            if (nt < ntiles) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
+            }
+        }
+        if (++st == stages) {
+            st = 0;
+            phase ^= 1u;
+        }
+        fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache,
+                                                        bcache, cs);
+    }
+    if constexpr (CL > 1)
+        cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
+}
+
+/* Shared memory per SM the bulk path plans with (of 228 KiB on sm_90,
+ * leaving room for the static shared memory and the 1 KiB per CTA the
+ * hardware reserves). */
+#define LNORM__BULK_SMEM_SM (200 * 1024)
+#define LNORM__BULK_SMEM_CTA (227 * 1024)
+
+
+/* Launch the bulk kernel of one tier: choose the number of resident CTAs
+ * per SM (register occupancy first) and the stages that fit their shared
+ * memory (at least 2, at most LNORM__BULK_MAXST; 3 or more preferred),
+ * one wave of persistent CTAs (clusters). Returns the CUDA error;
+ * cudaErrorInvalidValue when even two stages do not fit. */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
+static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
+{
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int RPC = BLOCK / TPR;
+    static int occ_cache[64];
+    static int attr_set[64];
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess)
+        return e;
+    auto kern = k_bulk<TX, TP, RMS, TPR, NCH, CL>;
+    if (dev < 64 && !attr_set[dev]) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, LNORM__BULK_SMEM_CTA);
+        if (e != cudaSuccess)
+            return e;
+        if (CL > 8) {
+            e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            if (e != cudaSuccess)
+                return e;
+        }
+        attr_set[dev] = 1;
+    }
+    int occ = dev < 64 ? occ_cache[dev] : 0;
+    if (occ <= 0) {
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
+        if (e != cudaSuccess)
+            return e;
+        if (occ < 1)
+            occ = 1;
+        if (dev < 64)
+            occ_cache[dev] = occ;
+    }
+    if (lnorm__bulk_ctas_override > 0 && lnorm__bulk_ctas_override < occ)
+        occ = lnorm__bulk_ctas_override;
+    const int64_t rs = bulk_row_bytes(*p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL);
+    const int64_t stage_bytes = rs * RPC;
+    int n = occ, stages = 0;
+    for (int want = 3; want >= 2 && stages == 0; want--)
+        for (n = occ; n >= 1; n--) {
+            int64_t per = LNORM__BULK_SMEM_SM / n;
+            if (per > LNORM__BULK_SMEM_CTA)
+                per = LNORM__BULK_SMEM_CTA;
+            int64_t s = per / stage_bytes;
+            if (s > LNORM__BULK_MAXST)
+                s = LNORM__BULK_MAXST;
+            if (s >= want) {
+                stages = (int)s;
+                break;
+            }
+        }
+    if (stages == 0)
+        return cudaErrorInvalidValue;
+    if (lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
+        lnorm__bulk_stages_override * stage_bytes <= LNORM__BULK_SMEM_CTA)
+        stages = lnorm__bulk_stages_override;
+    const size_t smem = (size_t)(stages * stage_bytes);
+    const int64_t tiles = (p->total_rows + RPC - 1) / RPC;
+    if constexpr (CL == 1) {
+        const int64_t cap = (int64_t)sms * n;
+        const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
+        kern<<<grid, BLOCK, smem, st>>>(*p, stages);
+        return cudaGetLastError();
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = CL;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.blockDim = dim3(BLOCK, 1, 1);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        cfg.gridDim = dim3(CL * sms, 1, 1);
+        int ncl = 0;
+        e = cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg);
+        if (e != cudaSuccess)
+            return e;
+        if (ncl < 1)
+            return cudaErrorInvalidConfiguration;
+        const int64_t cl = tiles < ncl ? tiles : ncl;
+        cfg.gridDim = dim3((unsigned)(cl * CL), 1, 1);
+        return cudaLaunchKernelEx(&cfg, kern, *p, stages);
     }
 }
 
@@ -924,19 +1272,34 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     return cudaGetLastError();
 }
 
-/* The fast variant p->fast (LNORM__FAST_*) of a tier; CL > 1 tiers have
- * none (the host never asks). */
+/* The fast variant p->fast (LNORM__FAST_* plus LNORM__FAST_BULK) of a
+ * tier: the bulk-copy kernel when the host marked the launch for it and its
+ * stages fit, else k_fast (one CTA per row). *handled = false: the tier has
+ * no fast kernel (a cluster tier whose bulk launch does not fit) and the
+ * general kernels run it, with the same bits. */
 template <typename TX, int TPR, int NCH, int CL>
-static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st)
+static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bool *handled)
 {
+    const int v = p->fast & LNORM__FAST_VMASK;
+    const bool rms = v == LNORM__FAST_RMS || v == LNORM__FAST_RMS_PF32;
+    const bool pf32 = (v == LNORM__FAST_LN_PF32 || v == LNORM__FAST_RMS_PF32) && !std::is_same<TX, float>::value;
+    *handled = true;
+#if LNORM_CUDA_BULK
+    if ((p->fast & LNORM__FAST_BULK) && lnorm__bulk_enabled) {
+        cudaError_t e;
+        if (pf32)
+            e = rms ? launch_bulk<TX, float, true, TPR, NCH, CL>(p, st) : launch_bulk<TX, float, false, TPR, NCH, CL>(p, st);
+        else
+            e = rms ? launch_bulk<TX, TX, true, TPR, NCH, CL>(p, st) : launch_bulk<TX, TX, false, TPR, NCH, CL>(p, st);
+        if (e != cudaErrorInvalidValue) /* InvalidValue: the stages do not fit, nothing was launched */
+            return e;
+    }
+#endif
     if constexpr (CL != 1) {
-        (void)p;
-        (void)st;
-        return cudaErrorInvalidValue;
+        *handled = false;
+        return cudaSuccess;
     } else {
-        const bool rms = p->fast == LNORM__FAST_RMS || p->fast == LNORM__FAST_RMS_PF32;
-        const bool pf32 = p->fast == LNORM__FAST_LN_PF32 || p->fast == LNORM__FAST_RMS_PF32;
-        if (pf32 && !std::is_same<TX, float>::value)
+        if (pf32)
             return rms ? launch_fast<TX, float, true, TPR, NCH>(p, st) : launch_fast<TX, float, false, TPR, NCH>(p, st);
         return rms ? launch_fast<TX, TX, true, TPR, NCH>(p, st) : launch_fast<TX, TX, false, TPR, NCH>(p, st);
     }
@@ -951,15 +1314,19 @@ template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p,
     cudaError_t e;
 #if LNORM_CUDA_FASTPATH
     if (p->fast != LNORM__FAST_NONE && tier < LNORM__NREG_TIERS) {
+        bool handled = true;
         switch (tier) {
-#define LNORM__FCASE(i, tpr, nch, cl)                     \
-    case i:                                               \
-        return (int)launch_fast_tier<TX, tpr, nch, cl>(p, st);
+#define LNORM__FCASE(i, tpr, nch, cl)                               \
+    case i:                                                         \
+        e = launch_fast_tier<TX, tpr, nch, cl>(p, st, &handled);    \
+        break;
             LNORM__TIERS(LNORM__FCASE)
 #undef LNORM__FCASE
         default:
             return (int)cudaErrorInvalidValue;
         }
+        if (handled)
+            return (int)e;
     }
 #endif
     switch (tier) {

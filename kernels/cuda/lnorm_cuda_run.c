@@ -1,6 +1,7 @@
 /* Host side of the CUDA backend: validation, tier choice, grouping of a
  * batch by (x dtype, tier, fast variant), the segment table upload and the
  * launches. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,33 +55,74 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
     return t;
 }
 
-/* The fast-path variant of a segment (LNORM__FAST_*), from the segment
- * alone (never from its batch companions, so a row takes the same path
- * alone or in any batch): y dtype = x dtype, no residual, parameters of
- * x's dtype or f32 (or none), a tier of one CTA per row. */
+int lnorm__bulk_enabled = 1;
+int lnorm__bulk_stages_override = 0;
+int lnorm__bulk_ctas_override = 0;
+
+int lnorm_cuda_set_tuning(const char *name, int value)
+{
+    if (!name)
+        return LNORM_EINVAL;
+    if (!strcmp(name, "bulk") && (value == 0 || value == 1))
+        lnorm__bulk_enabled = value;
+    else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
+        lnorm__bulk_stages_override = value;
+    else if (!strcmp(name, "bulk_ctas") && value >= 0 && value <= 64)
+        lnorm__bulk_ctas_override = value;
+    else
+        return LNORM_EINVAL;
+    return LNORM_OK;
+}
+
+/* Whether every row of a segment can be brought in by bulk copies: rows
+ * start 16-byte aligned and are a whole number of 16-byte units long. */
+static int lnorm__bulk_ok(const lnorm_segment *s)
+{
+    const size_t xs = lnorm_dtype_size(s->x_dtype);
+    return ((uintptr_t)s->x % 16) == 0 && ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->hidden * xs) % 16 == 0;
+}
+
+/* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
+ * when its rows can be bulk-copied), from the segment alone (never from its
+ * batch companions, so a row takes the same path alone or in any batch; the
+ * paths give the same bits anyway): y dtype = x dtype, no residual,
+ * parameters of x's dtype or f32 (or none). Cluster tiers have a fast
+ * kernel only in its bulk form. */
 static int lnorm__fast_variant(const lnorm_segment *s, int tier)
 {
-    if (tier < 0 || tier >= LNORM__NREG_TIERS || lnorm__tier_cl[tier] != 1)
+    if (tier < 0 || tier >= LNORM__NREG_TIERS)
         return LNORM__FAST_NONE;
     if (s->y_dtype != s->x_dtype || s->residual)
         return LNORM__FAST_NONE;
     const int rms = s->op == LNORM_OP_RMSNORM;
     const int has_param = s->gamma || s->beta;
+    int v;
     if (!has_param || s->param_dtype == s->x_dtype)
-        return rms ? LNORM__FAST_RMS : LNORM__FAST_LN;
-    if (s->param_dtype == LNORM_DTYPE_F32)
-        return rms ? LNORM__FAST_RMS_PF32 : LNORM__FAST_LN_PF32;
-    return LNORM__FAST_NONE;
+        v = rms ? LNORM__FAST_RMS : LNORM__FAST_LN;
+    else if (s->param_dtype == LNORM_DTYPE_F32)
+        v = rms ? LNORM__FAST_RMS_PF32 : LNORM__FAST_LN_PF32;
+    else
+        return LNORM__FAST_NONE;
+    if (lnorm__bulk_ok(s))
+        return v | LNORM__FAST_BULK;
+    return lnorm__tier_cl[tier] == 1 ? v : LNORM__FAST_NONE;
+}
+
+/* Index (0 .. 2 * LNORM__NFAST - 1) of a fast value in a group key. */
+static int lnorm__fast_index(int fast)
+{
+    return (fast & LNORM__FAST_VMASK) + ((fast & LNORM__FAST_BULK) ? LNORM__NFAST : 0);
 }
 
 /* Group key of a segment: x dtype (1..3), tier and fast variant. */
 static int lnorm__group_key(const lnorm_segment *s)
 {
     const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
-    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * LNORM__NFAST + lnorm__fast_variant(s, tier);
+    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * (2 * LNORM__NFAST) +
+           lnorm__fast_index(lnorm__fast_variant(s, tier));
 }
 
-#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * LNORM__NFAST)
+#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * 2 * LNORM__NFAST)
 
 static void lnorm__to_kseg(lnorm__kseg *k, const lnorm_segment *s, int64_t row_begin)
 {

@@ -10,7 +10,9 @@
  *     shifted by one element (scalar paths): bit-identical outputs.
  *  4. Batch invariance: segments run alone and inside mixed batches (one
  *     launch from a device table, and several groups): bit-identical.
- *  5. Bad input: clear error codes, nothing run.
+ *  5. The bulk-copy pipeline in its steady state (many rows, forced stage
+ *     counts) against float64 and bit-identical to the kernels without it.
+ *  6. Bad input: clear error codes, nothing run.
  * Usage: test_gpu [--quick]  (--quick: a reduced set for compute-sanitizer)
  * Needs a GPU: exits 1 (never "passes") when none is usable.
  */
@@ -418,6 +420,107 @@ static void batch_invariance(lnorm_rng *g)
     }
 }
 
+/* The bulk-copy pipeline (k_bulk) in its steady state: enough rows that
+ * every CTA wraps around its ring of stages several times (few CTAs per SM
+ * and two stages forced through lnorm_cuda_set_tuning, then the launcher's
+ * own choice), contiguous and padded (16-byte aligned) rows, every x dtype,
+ * both ops, parameters of x's dtype and f32, one-CTA and cluster tiers.
+ * Each result is checked against the float64 reference (outputs poisoned
+ * first) and must be bit-identical to the k_fast / k_reg result
+ * (bulk off). */
+static void bulk_pipeline(lnorm_rng *g, int quick)
+{
+    static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 40000};
+    static const struct {
+        const char *name;
+        int bulk, stages, ctas;
+    } runs[] = {{"bulk off", 0, 0, 0}, {"bulk, 2 stages, 1 CTA/SM", 1, 2, 1}, {"bulk, 3 stages", 1, 3, 0},
+                {"bulk, launcher's choice", 1, 0, 0}};
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    long fails = 0, cases = 0;
+    for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++)
+        for (int xi = 0; xi < 3; xi++)
+            for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+                for (int variant = 0; variant < 2; variant++) {
+                    if (quick && (xi != 2 || variant))
+                        continue;
+                    lnorm_test_case_cfg c = {0};
+                    c.op = op;
+                    c.x_dtype = dts[xi];
+                    c.param_dtype = variant ? dts[xi] : LNORM_DTYPE_F32;
+                    c.gamma = 1;
+                    c.beta = op == LNORM_OP_LAYERNORM;
+                    c.stats = 1;
+                    c.x_mean = 0.5 + variant;
+                    c.x_spread = 1.5;
+                    c.hidden = hs[hi];
+                    c.pad = variant ? (int64_t)(32 / lnorm_dtype_size(dts[xi])) : 0; /* aligned stride */
+                    /* Rows per tile of the tier (128-thread CTAs below 256
+                     * threads per row); about 5 tiles per CTA at 1 CTA/SM. */
+                    const int64_t vec = 16 / (int64_t)lnorm_dtype_size(dts[xi]);
+                    const int64_t chunks = (c.hidden + vec - 1) / vec;
+                    int64_t tpr = 1;
+                    while (tpr * 4 < chunks && tpr < 256)
+                        tpr *= 2;
+                    const int64_t rpc = tpr >= 128 ? 1 : 128 / tpr;
+                    c.rows = (int64_t)sms * rpc * (quick ? 3 : 5) + 3;
+                    if (c.rows * c.hidden > ((int64_t)1 << 23))
+                        c.rows = ((int64_t)1 << 23) / c.hidden + 1;
+                    char label[200];
+                    const char *tdesc = "?";
+                    lnorm_cuda_tier(c.x_dtype, c.hidden, &tdesc);
+                    snprintf(label, sizeof label, "bulk op=%s x=%s p=%s H=%lld rows=%lld pad=%lld tier=%s",
+                             op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c.x_dtype),
+                             lnorm_dtype_name(c.param_dtype), (long long)c.hidden, (long long)c.rows,
+                             (long long)c.pad, tdesc);
+                    lnorm_test_case tc;
+                    if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
+                        fprintf(stderr, "FAIL %s: out of memory\n", label);
+                        fails++;
+                        continue;
+                    }
+                    cases++;
+                    outs first;
+                    int have_first = 0;
+                    for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
+                        if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
+                            lnorm_cuda_set_tuning("bulk_ctas", runs[ri].ctas)) {
+                            fprintf(stderr, "FAIL %s: lnorm_cuda_set_tuning refused\n", label);
+                            fails++;
+                            break;
+                        }
+                        const char *why = NULL;
+                        int err = gpu_run(&tc, 0, &why);
+                        if (err) {
+                            fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
+                                    why ? why : "");
+                            fails++;
+                            break;
+                        }
+                        if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
+                            fprintf(stderr, "FAIL %s (%s): wrong against the float64 reference\n", label, runs[ri].name);
+                            fails++;
+                        }
+                        if (!have_first) {
+                            have_first = outs_take(&first, &tc) == 0;
+                        } else if (!outs_same(&first, &tc)) {
+                            fprintf(stderr, "FAIL %s: %s differs from %s\n", label, runs[ri].name, runs[0].name);
+                            fails++;
+                        }
+                    }
+                    if (have_first)
+                        outs_free(&first);
+                    lnorm_test_case_free(&tc);
+                }
+    lnorm_cuda_set_tuning("bulk", 1);
+    lnorm_cuda_set_tuning("bulk_stages", 0);
+    lnorm_cuda_set_tuning("bulk_ctas", 0);
+    g_cases += cases;
+    g_fails += fails;
+    printf("bulk pipeline: %ld shapes x %zu settings: %s\n", cases, sizeof runs / sizeof *runs, fails ? "FAIL" : "ok");
+}
+
 /* Bad input gets LNORM_EINVAL and runs nothing. */
 static void bad_input(void)
 {
@@ -508,6 +611,7 @@ int main(int argc, char **argv)
     lnorm_rng_seed(&g, 0x6e7d5eedu);
     bad_input();
     batch_invariance(&g);
+    bulk_pipeline(&g, quick);
     sweep(&g, quick);
     lnorm_cpu_destroy(g_cpu);
     printf("%s: %ld cases (%ld also against the CPU backend, %ld also misaligned), %ld failed\n",
