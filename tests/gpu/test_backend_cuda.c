@@ -48,6 +48,10 @@ typedef struct tjob {
     int done_calls;
 } tjob;
 
+/* A backend that lives through the whole test, for buf_alloc / buf_free
+ * (the pinned pool is process-wide; a destroyed backend's ops are gone). */
+static lnorm__backend *g_pb;
+
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_done;
@@ -233,8 +237,14 @@ static long test_random_jobs(void)
     printf("part 1 (random jobs): %s: %d jobs, %d segments checked, %ld failures\n", fails ? "FAIL" : "PASS", NJOBS,
            checked, fails);
     for (int j = 0; j < NJOBS; j++)
-        for (int i = 0; i < jobs[j].nsegs; i++)
+        for (int i = 0; i < jobs[j].nsegs; i++) {
+            lnorm_segment *s = &jobs[j].segs[i];
+            void *bufs[] = {(void *)s->x, s->y, (void *)s->residual, s->residual_out, (void *)s->gamma,
+                            (void *)s->beta, s->mean, s->rstd};
+            for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+                g_pb->ops->buf_free(g_pb, bufs[k]);
             lnorm_test_case_free(&jobs[j].tc[i]);
+        }
     free(jobs);
     return fails;
 }
@@ -348,9 +358,7 @@ static const mixdef g_mix[] = {
 /* Pinned parameters shared by pointer (registered params, as lnormd has
  * them): [0] gamma/beta f32 hidden 1024, [1] gamma/beta bf16 hidden 4096. */
 static void *g_sh_gamma[2], *g_sh_beta[2];
-/* A backend that lives through parts 2 and 3, for buf_alloc / buf_free
- * (the pinned pool is process-wide; a destroyed backend's ops are gone). */
-static lnorm__backend *g_pb;
+
 
 /* Build job t from g_mix, inputs from rng, pinned buffers from be. */
 static int make_mix_job(lnorm__backend *be, tjob *t, lnorm_rng *rng)
@@ -626,15 +634,21 @@ out:
 
 int main(void)
 {
-    long fails = test_random_jobs();
-
     lnorm_cpu *cpu = NULL;
     lnorm__backend *pb = NULL;
-    if (lnorm_cpu_create(&cpu, 0) != LNORM_OK || lnorm__backend_cuda_create(&pb, NULL, 1 << 20, 1) != LNORM_OK) {
-        fprintf(stderr, "FAIL: CPU backend or parameter allocator\n");
+    int rc = lnorm__backend_cuda_create(&pb, NULL, 1 << 20, 1);
+    if (rc != LNORM_OK) {
+        fprintf(stderr, "FAIL: lnorm__backend_cuda_create: %s (this test needs a GPU)\n", lnorm_errname(rc));
+        return 1;
+    }
+    if (lnorm_cpu_create(&cpu, 0) != LNORM_OK) {
+        fprintf(stderr, "FAIL: lnorm_cpu_create\n");
+        pb->ops->destroy(pb);
         return 1;
     }
     g_pb = pb;
+    long fails = test_random_jobs();
+
     /* The shared parameters, pinned. */
     lnorm_rng rng;
     lnorm_rng_seed(&rng, 0x5ca77e2du);
