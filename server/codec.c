@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codec.h"
@@ -187,8 +188,212 @@ int lnorm__codec_check_register(const Lnorm__V1__RegisterParamsRequest *r, const
     return LNORM_OK;
 }
 
-int lnorm__codec_decode_request(const uint8_t *buf, size_t len, const lnorm__limits *lim, ProtobufCAllocator *alloc,
-                                lnorm__decoded *out, char *err, size_t errlen)
+/* ---- the split: normalize.x and normalize.residual apart from the rest ---- */
+
+typedef struct lnorm__rd {
+    const uint8_t *p, *end;
+} lnorm__rd;
+
+static int lnorm__rd_varint(lnorm__rd *r, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (r->p >= r->end)
+            return -1;
+        uint8_t b = *r->p++;
+        x |= shift < 64 ? (uint64_t)(b & 0x7f) << shift : 0;
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* One field: its number and wire type, and for length-delimited fields its
+ * bytes; the value is skipped. -1 on anything malformed or unusual (groups,
+ * field 0): the caller then leaves the message to protobuf-c whole. */
+static int lnorm__rd_field(lnorm__rd *r, uint64_t *field, int *wt, const uint8_t **data, size_t *dlen)
+{
+    uint64_t key, v;
+    if (lnorm__rd_varint(r, &key) != 0)
+        return -1;
+    *field = key >> 3;
+    *wt = (int)(key & 7);
+    if (*field == 0)
+        return -1;
+    switch (*wt) {
+    case 0:
+        return lnorm__rd_varint(r, &v);
+    case 1:
+        if (r->end - r->p < 8)
+            return -1;
+        r->p += 8;
+        return 0;
+    case 5:
+        if (r->end - r->p < 4)
+            return -1;
+        r->p += 4;
+        return 0;
+    case 2:
+        if (lnorm__rd_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p))
+            return -1;
+        *data = r->p;
+        *dlen = (size_t)v;
+        r->p += v;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+typedef struct lnorm__split {
+    const uint8_t *nf0, *nf1;      /* Request.normalize: key .. end of value */
+    const uint8_t *v0, *v1;        /* its value */
+    const uint8_t *f0[2], *f1[2];  /* normalize.x, normalize.residual: key .. end (NULL: absent) */
+    const uint8_t *data[2];        /* their bytes */
+    size_t n[2];
+} lnorm__split;
+
+/* Find the one Request.normalize field and in it the x (8) and residual (9)
+ * fields, each at most once and length-delimited. 0 when found, -1 for any
+ * other shape (no normalize, normalize or x or residual repeated, a wire
+ * type that protobuf-c would reject, malformed bytes). */
+static int lnorm__split_find(const uint8_t *buf, size_t len, lnorm__split *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    lnorm__rd r = {buf, buf + len};
+    int nn = 0;
+    while (r.p < r.end) {
+        const uint8_t *f0 = r.p, *d = NULL;
+        size_t dn = 0;
+        uint64_t f;
+        int wt;
+        if (lnorm__rd_field(&r, &f, &wt, &d, &dn) != 0)
+            return -1;
+        if (f == 10) {
+            if (wt != 2 || nn++)
+                return -1;
+            sp->nf0 = f0;
+            sp->nf1 = r.p;
+            sp->v0 = d;
+            sp->v1 = d + dn;
+        }
+    }
+    if (!nn)
+        return -1;
+    lnorm__rd s = {sp->v0, sp->v1};
+    while (s.p < s.end) {
+        const uint8_t *f0 = s.p, *d = NULL;
+        size_t dn = 0;
+        uint64_t f;
+        int wt;
+        if (lnorm__rd_field(&s, &f, &wt, &d, &dn) != 0)
+            return -1;
+        if (f == 8 || f == 9) {
+            int k = (int)(f - 8);
+            if (wt != 2 || sp->f0[k])
+                return -1;
+            sp->f0[k] = f0;
+            sp->f1[k] = s.p;
+            sp->data[k] = d;
+            sp->n[k] = dn;
+        }
+    }
+    return sp->f0[0] || sp->f0[1] ? 0 : -1;
+}
+
+static size_t lnorm__put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/* The message without normalize.x / normalize.residual (normalize's length
+ * re-encoded). Returns the skeleton's length; sk has room for len + 10. */
+static size_t lnorm__split_skeleton(const uint8_t *buf, size_t len, const lnorm__split *sp, uint8_t *sk)
+{
+    size_t inner = (size_t)(sp->v1 - sp->v0);
+    for (int k = 0; k < 2; k++)
+        if (sp->f0[k])
+            inner -= (size_t)(sp->f1[k] - sp->f0[k]);
+    size_t o = (size_t)(sp->nf0 - buf);
+    memcpy(sk, buf, o);
+    sk[o++] = (10 << 3) | 2;
+    o += lnorm__put_varint(sk + o, inner);
+    /* the value, the (at most two) fields cut out in the order they appear */
+    const uint8_t *p = sp->v0;
+    int first = sp->f0[0] && sp->f0[1] ? (sp->f0[1] < sp->f0[0]) : (sp->f0[0] ? 0 : 1);
+    int order[2] = {first, 1 - first};
+    for (int i = 0; i < 2; i++) {
+        int k = order[i];
+        if (!sp->f0[k])
+            continue;
+        memcpy(sk + o, p, (size_t)(sp->f0[k] - p));
+        o += (size_t)(sp->f0[k] - p);
+        p = sp->f1[k];
+    }
+    memcpy(sk + o, p, (size_t)(sp->v1 - p));
+    o += (size_t)(sp->v1 - p);
+    memcpy(sk + o, sp->nf1, (size_t)(buf + len - sp->nf1));
+    o += (size_t)(buf + len - sp->nf1);
+    return o;
+}
+
+/* Unpack: the skeleton through protobuf-c, then x / residual borrowed
+ * (borrow) or copied into buffers of alloc. The whole message through
+ * protobuf-c when the split does not apply. */
+static int lnorm__unpack(const uint8_t *buf, size_t len, ProtobufCAllocator *alloc, int borrow, lnorm__decoded *out,
+                         char *err, size_t errlen)
+{
+    lnorm__split sp;
+    if (lnorm__split_find(buf, len, &sp) != 0) {
+        out->msg = lnorm__v1__request__unpack(alloc, len, buf);
+        return LNORM_OK;
+    }
+    size_t cut = sp.n[0] + sp.n[1];
+    uint8_t stack[1024], *sk = stack;
+    if (len - cut + 16 > sizeof stack && !(sk = malloc(len - cut + 16)))
+        return lnorm__fail(err, errlen, LNORM_ENOMEM, "out of memory decoding the request");
+    size_t skn = lnorm__split_skeleton(buf, len, &sp, sk);
+    out->msg = lnorm__v1__request__unpack(alloc, skn, sk);
+    if (sk != stack)
+        free(sk);
+    if (!out->msg || out->msg->body_case != LNORM__V1__REQUEST__BODY_NORMALIZE || !out->msg->normalize)
+        return LNORM_OK;
+    Lnorm__V1__NormalizeRequest *n = out->msg->normalize;
+    ProtobufCBinaryData *f[2] = {&n->x, &n->residual};
+    if (borrow) {
+        out->borrowed = 1;
+        for (int k = 0; k < 2; k++)
+            if (sp.n[k]) {
+                f[k]->data = (uint8_t *)sp.data[k];
+                f[k]->len = sp.n[k];
+            }
+        return LNORM_OK;
+    }
+    for (int k = 0; k < 2; k++) {
+        if (!sp.n[k])
+            continue;
+        uint8_t *p = alloc ? alloc->alloc(alloc->allocator_data, sp.n[k]) : malloc(sp.n[k]);
+        if (!p) {
+            out->request_id = out->msg->request_id;
+            return lnorm__fail(err, errlen, LNORM_ENOMEM, "out of memory for the request's payload");
+        }
+        memcpy(p, sp.data[k], sp.n[k]);
+        f[k]->data = p; /* freed with the message, by alloc */
+        f[k]->len = sp.n[k];
+    }
+    return LNORM_OK;
+}
+
+static int lnorm__decode(const uint8_t *buf, size_t len, const lnorm__limits *lim, ProtobufCAllocator *alloc,
+                         int borrow, lnorm__decoded *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     out->alloc = alloc;
@@ -199,7 +404,9 @@ int lnorm__codec_decode_request(const uint8_t *buf, size_t len, const lnorm__lim
         return lnorm__fail(err, errlen, LNORM_ELIMIT, "message: %zu bytes exceeds max-message-bytes %llu", len,
                            (unsigned long long)lim->max_message_bytes);
     }
-    out->msg = lnorm__v1__request__unpack(alloc, len, buf);
+    int rc = lnorm__unpack(buf, len, alloc, borrow, out, err, errlen);
+    if (rc != LNORM_OK)
+        return rc;
     if (!out->msg) {
         out->request_id = lnorm__peek_request_id(buf, len);
         return lnorm__fail(err, errlen, LNORM_EINVAL, "message: not a valid lnorm.v1.Request (truncated or malformed protobuf)");
@@ -226,8 +433,28 @@ int lnorm__codec_decode_request(const uint8_t *buf, size_t len, const lnorm__lim
     }
 }
 
+int lnorm__codec_decode_request(const uint8_t *buf, size_t len, const lnorm__limits *lim, ProtobufCAllocator *alloc,
+                                lnorm__decoded *out, char *err, size_t errlen)
+{
+    return lnorm__decode(buf, len, lim, alloc, 0, out, err, errlen);
+}
+
+int lnorm__codec_decode_request_borrow(const uint8_t *buf, size_t len, const lnorm__limits *lim, lnorm__decoded *out,
+                                       char *err, size_t errlen)
+{
+    return lnorm__decode(buf, len, lim, NULL, 1, out, err, errlen);
+}
+
 void lnorm__codec_decoded_free(lnorm__decoded *d)
 {
+    if (d->msg && d->borrowed && d->msg->body_case == LNORM__V1__REQUEST__BODY_NORMALIZE && d->msg->normalize) {
+        /* borrowed bytes are not protobuf-c's to free */
+        d->msg->normalize->x.data = NULL;
+        d->msg->normalize->x.len = 0;
+        d->msg->normalize->residual.data = NULL;
+        d->msg->normalize->residual.len = 0;
+    }
+    d->borrowed = 0;
     if (d->msg)
         lnorm__v1__request__free_unpacked(d->msg, d->alloc);
     d->msg = NULL;
@@ -257,4 +484,78 @@ int lnorm__codec_pack_error(uint64_t request_id, int err, const char *message, n
     r.request_id = request_id;
     r.status = &st;
     return lnorm__codec_pack(&r, out);
+}
+
+static size_t lnorm__varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+int lnorm__codec_pack_y_in_place(nng_msg *msg, const void *y, size_t y_len, uint64_t request_id,
+                                 const Lnorm__V1__Timings *t)
+{
+    uint8_t *body = nng_msg_body(msg);
+    size_t blen = nng_msg_len(msg);
+    const uint8_t *yp = y;
+    if (yp < body || yp > body + blen || y_len > (size_t)(body + blen - yp))
+        return LNORM_EINVAL;
+    size_t oy = (size_t)(yp - body);
+    /* F: normalize's key and length and y's, right in front of y. R: the
+     * other fields as protobuf-c writes them (proto3: zero scalars left
+     * out), in front of F when there is room, else after y. */
+    uint8_t F[24], R[96];
+    size_t fn = 0, rn = 0;
+    F[fn++] = (10 << 3) | 2;
+    fn += lnorm__put_varint(F + fn, 1 + lnorm__varint_len(y_len) + y_len);
+    F[fn++] = (1 << 3) | 2;
+    fn += lnorm__put_varint(F + fn, y_len);
+    if (request_id) {
+        R[rn++] = (1 << 3) | 0;
+        rn += lnorm__put_varint(R + rn, request_id);
+    }
+    R[rn++] = (2 << 3) | 2; /* status: OK, no message */
+    R[rn++] = 0;
+    if (t) {
+        uint8_t tb[48];
+        size_t tn = 0;
+        const uint64_t v[4] = {t->queue_us, t->compute_us, t->batch_rows, t->batch_requests};
+        for (int i = 0; i < 4; i++)
+            if (v[i]) {
+                tb[tn++] = (uint8_t)(((i + 1) << 3) | 0);
+                tn += lnorm__put_varint(tb + tn, v[i]);
+            }
+        R[rn++] = (3 << 3) | 2;
+        rn += lnorm__put_varint(R + rn, tn);
+        memcpy(R + rn, tb, tn);
+        rn += tn;
+    }
+    /* (nng_msg_insert is not used: NNG 1.5.2 writes past the buffer when it
+     * shuffles a trimmed body down.) */
+    if (nng_msg_chop(msg, blen - (oy + y_len)) != 0)
+        return LNORM_EINTERNAL;
+    if (oy >= fn + rn) {
+        if (nng_msg_trim(msg, oy - fn - rn) != 0)
+            return LNORM_EINTERNAL;
+        memcpy((uint8_t *)nng_msg_body(msg), R, rn);
+        memcpy((uint8_t *)nng_msg_body(msg) + rn, F, fn);
+        return LNORM_OK;
+    }
+    if (oy >= fn) {
+        if (nng_msg_trim(msg, oy - fn) != 0)
+            return LNORM_EINTERNAL;
+        memcpy(nng_msg_body(msg), F, fn);
+    } else {
+        /* too little in front of y (not a message liblnorm writes): move y */
+        if (nng_msg_realloc(msg, fn + y_len) != 0)
+            return LNORM_ENOMEM;
+        uint8_t *b = nng_msg_body(msg);
+        memmove(b + fn, b + oy, y_len);
+        memcpy(b, F, fn);
+    }
+    return nng_msg_append(msg, R, rn) == 0 ? LNORM_OK : LNORM_ENOMEM;
 }

@@ -49,6 +49,15 @@ typedef struct lnorm__decoded {
     size_t res_out_bytes;          /* 0 without residual */
     size_t stat_bytes;             /* rows * 4 */
     size_t in_bytes;               /* x + residual + inline params */
+    /* Borrowing decode only (lnorm__codec_decode_request_borrow): x and
+     * residual of msg->normalize point into the caller's buffer, not into
+     * memory of msg (they are detached before msg is freed). */
+    int borrowed;
+    /* Left to the caller (dispatch): the message the payload is borrowed
+     * from (owned, freed after lnorm__codec_decoded_free), and whether y is
+     * computed over x inside it and sent back in it. */
+    nng_msg *src;
+    int in_place;
 } lnorm__decoded;
 
 /*
@@ -62,6 +71,34 @@ int lnorm__codec_decode_request(const uint8_t *buf, size_t len, const lnorm__lim
                                 ProtobufCAllocator *alloc, lnorm__decoded *out,
                                 char *errbuf, size_t errlen);
 void lnorm__codec_decoded_free(lnorm__decoded *d);
+
+/*
+ * The same, without copying the payload: when the message has the plain
+ * shape (one normalize body, x and residual each at most once), everything
+ * but x and residual is unpacked by protobuf-c from a small copy of the
+ * message (the "skeleton": the message without those two fields) and x /
+ * residual then point into buf itself (out->borrowed = 1); buf must stay
+ * valid and unchanged until lnorm__codec_decoded_free. Any other shape is
+ * unpacked whole, as lnorm__codec_decode_request does (borrowed = 0). The
+ * result (status, message, every field) is the same as that function's.
+ * lnorm__codec_decode_request uses the same split and copies x / residual
+ * into buffers of alloc, so both paths are covered by its tests and fuzzers.
+ */
+int lnorm__codec_decode_request_borrow(const uint8_t *buf, size_t len, const lnorm__limits *lim,
+                                       lnorm__decoded *out, char *errbuf, size_t errlen);
+
+/*
+ * A Response with normalize{y} only (no stats, no residual_out), encoded
+ * around y where y already lies inside msg's body: normalize's and y's keys
+ * and lengths are written right in front of y, request_id, status (OK) and
+ * timings in front of those when the body has room there, else after y, and
+ * the body is cut to exactly the encoded Response. y's bytes are not copied
+ * (unless fewer than ~10 bytes precede it: then y is moved). Returns
+ * LNORM_OK; LNORM_EINVAL with msg unchanged when y is not inside the body;
+ * another error (out of memory) leaves msg unusable.
+ */
+int lnorm__codec_pack_y_in_place(nng_msg *msg, const void *y, size_t y_len, uint64_t request_id,
+                                 const Lnorm__V1__Timings *t);
 
 /* Validate a RegisterParams body (kind LNORM__REQ_REGISTER). */
 int lnorm__codec_check_register(const Lnorm__V1__RegisterParamsRequest *r, const lnorm__limits *lim,

@@ -86,7 +86,10 @@ static void lnorm__req_free(lnorm__daemon *d, lnorm__req *r)
     lnorm__obuf_free(d, r->rstd);
     lnorm__obuf_free(d, r->res_out);
     lnorm__params_put(r->pset);
+    nng_msg *src = r->dec.src;
     lnorm__codec_decoded_free(&r->dec);
+    if (src)
+        nng_msg_free(src);
     free(r);
 }
 
@@ -128,14 +131,36 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     lnorm__reply_body(d, slot, &r);
 }
 
-/* Normalize: resolve params, allocate outputs, queue. Takes dec. */
+/*
+ * Whether y can be computed over x in the request message and sent back in
+ * it (no copy of x in, no output buffer, no copy of y out): x lies in the
+ * message (borrowed: a backend without its own payload memory), y has x's
+ * element size (rows split over threads then never overlap another row's
+ * x), x is aligned to its element, and the reply is y alone (no stats, no
+ * residual_out). The CPU kernels read each vector of x before writing y at
+ * the same place, so y == x is safe there.
+ */
+static int lnorm__can_run_in_place(const lnorm__daemon *d, const lnorm__decoded *dec)
+{
+    const lnorm_segment *s = &dec->seg;
+    size_t xs = lnorm_dtype_size(s->x_dtype);
+    return dec->borrowed && dec->src && !d->be->ops->buf_alloc && !dec->want_mean && !dec->want_rstd &&
+           !dec->res_out_bytes && !s->residual && lnorm_dtype_size(s->y_dtype) == xs && xs &&
+           ((uintptr_t)s->x % xs) == 0;
+}
+
+/* Normalize: resolve params, allocate outputs, queue. Takes dec (and
+ * dec->src, the message it may borrow from). */
 static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *dec, uint64_t recv_ns)
 {
     char err[256];
     lnorm__req *r = calloc(1, sizeof *r);
     if (!r) {
         lnorm__reply_error(d, slot, dec->request_id, LNORM_ENOMEM, "out of memory");
+        nng_msg *src = dec->src;
         lnorm__codec_decoded_free(dec);
+        if (src)
+            nng_msg_free(src);
         return;
     }
     r->dec = *dec;
@@ -175,7 +200,10 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
             rc = LNORM_ELIMIT;
         }
     }
-    if (rc == LNORM_OK) {
+    if (rc == LNORM_OK && lnorm__can_run_in_place(d, &r->dec)) {
+        r->dec.in_place = 1;
+        s->y = (void *)s->x;
+    } else if (rc == LNORM_OK) {
         r->y = lnorm__obuf(d, r->dec.y_bytes);
         if (r->dec.want_mean)
             r->mean = lnorm__obuf(d, r->dec.stat_bytes);
@@ -190,7 +218,8 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
         }
     }
     if (rc == LNORM_OK) {
-        s->y = r->y;
+        if (!r->dec.in_place)
+            s->y = r->y;
         s->mean = r->mean;
         s->rstd = r->rstd;
         s->residual_out = r->res_out;
@@ -221,11 +250,15 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     size_t len = nng_msg_len(msg);
     atomic_fetch_add(&d->stats.inflight, 1);
     atomic_fetch_add(&d->stats.bytes_in, len);
-    int rc = lnorm__codec_decode_request(nng_msg_body(msg), len, &d->lim, d->pb_allocp, &dec, err, sizeof err);
-    nng_msg_free(msg);
+    /* Without special payload memory (CPU backend) x stays in the message,
+     * which then lives as long as the request. */
+    int rc = d->pb_allocp ? lnorm__codec_decode_request(nng_msg_body(msg), len, &d->lim, d->pb_allocp, &dec, err,
+                                                        sizeof err)
+                          : lnorm__codec_decode_request_borrow(nng_msg_body(msg), len, &d->lim, &dec, err, sizeof err);
     if (rc != LNORM_OK) {
         lnorm__reply_error(d, slot, dec.request_id, rc, err);
         lnorm__codec_decoded_free(&dec);
+        nng_msg_free(msg);
         return;
     }
     Lnorm__V1__Request *m = dec.msg;
@@ -235,12 +268,17 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
         /* Received after SIGTERM: not started, so that the drain ends. */
         lnorm__reply_error(d, slot, dec.request_id, LNORM_EUNAVAIL, "lnormd is shutting down (draining)");
         lnorm__codec_decoded_free(&dec);
+        nng_msg_free(msg);
         return;
     }
     switch (dec.kind) {
     case LNORM__REQ_NORMALIZE:
+        if (dec.borrowed)
+            dec.src = msg;
+        else
+            nng_msg_free(msg);
         lnorm__do_normalize(d, slot, &dec, recv_ns);
-        return; /* dec is owned by the request now */
+        return; /* dec (and msg) are owned by the request now */
     case LNORM__REQ_HEALTH: {
         Lnorm__V1__HealthResponse h = LNORM__V1__HEALTH_RESPONSE__INIT;
         h.serving = atomic_load(&d->serving) ? 1 : 0;
@@ -289,6 +327,7 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
         break;
     }
     lnorm__codec_decoded_free(&dec);
+    nng_msg_free(msg);
 }
 
 void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
@@ -313,6 +352,28 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
     tm.compute_us = t->compute_us;
     tm.batch_rows = t->batch_rows;
     tm.batch_requests = t->batch_requests;
+    if (r->dec.in_place) {
+        /* y lies in the request message: the reply is written around it */
+        m = r->dec.src;
+        r->dec.src = NULL;
+        nng_msg_header_clear(m);
+        int rc = lnorm__codec_pack_y_in_place(m, r->dec.seg.y, r->dec.y_bytes, r->dec.request_id, &tm);
+        uint64_t id = r->dec.request_id;
+        if (rc != LNORM_OK) {
+            nng_msg_free(m);
+            m = NULL;
+        } else {
+            atomic_fetch_add(&d->stats.normalize_ok, 1);
+        }
+        lnorm__req_free(d, r);
+        if (rc != LNORM_OK) {
+            lnorm__codec_pack_error(id, rc, "could not encode the reply", &m);
+            lnorm__send(d, slot, lnorm_err_to_status(rc), m);
+        } else {
+            lnorm__send(d, slot, 0, m);
+        }
+        return;
+    }
     body.y.data = r->y;
     body.y.len = r->dec.y_bytes;
     if (r->mean) {

@@ -67,6 +67,46 @@ uint64_t lnorm__next_id(lnorm_client *c)
     return id;
 }
 
+nng_msg *lnorm__msg_get(lnorm_client *c, size_t n)
+{
+    nng_msg *m = NULL;
+    nng_mtx_lock(c->mtx);
+    for (int i = 0; i < c->npool; i++) {
+        if (nng_msg_capacity(c->msg_pool[i]) >= n + 64) {
+            m = c->msg_pool[i];
+            c->msg_pool[i] = c->msg_pool[--c->npool];
+            break;
+        }
+    }
+    nng_mtx_unlock(c->mtx);
+    if (m) {
+        nng_msg_clear(m);
+        nng_msg_header_clear(m);
+        if (nng_msg_realloc(m, n) == 0)
+            return m;
+        nng_msg_free(m);
+    }
+    if (nng_msg_alloc(&m, n) != 0)
+        return NULL;
+    return m;
+}
+
+void lnorm__msg_put(lnorm_client *c, nng_msg *m)
+{
+    if (!m)
+        return;
+    size_t cap = nng_msg_capacity(m);
+    nng_mtx_lock(c->mtx);
+    if (!c->closing && c->npool < LNORM__MSG_POOL && cap <= 2 * c->opts.chunk_bytes + ((size_t)1 << 20) &&
+        cap >= 4096) {
+        c->msg_pool[c->npool++] = m;
+        m = NULL;
+    }
+    nng_mtx_unlock(c->mtx);
+    if (m)
+        nng_msg_free(m);
+}
+
 int lnorm__pack(const Lnorm__V1__Request *req, nng_msg **out)
 {
     size_t n = lnorm__v1__request__get_packed_size(req);
@@ -195,6 +235,8 @@ void lnorm_client_close(lnorm_client *c)
         nng_aio_free(c->all_slots[i]->aio);
         free(c->all_slots[i]);
     }
+    for (int i = 0; i < c->npool; i++)
+        nng_msg_free(c->msg_pool[i]);
     free(c->all_slots);
     nng_cv_free(c->cv);
     nng_mtx_free(c->mtx);
@@ -478,7 +520,7 @@ static void slot_cb(void *arg)
         nng_msg *m = nng_aio_get_msg(s->aio);
         nng_aio_set_msg(s->aio, NULL);
         handle_reply(call, s->chunk, m, &err, &status, why, sizeof why);
-        nng_msg_free(m);
+        lnorm__msg_put(c, m);
     }
     if (rv != 0 && s->resends > 0) {
         size_t n = strlen(why);

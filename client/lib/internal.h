@@ -71,6 +71,9 @@ struct lnorm__call {
     void (*cleanup)(lnorm__call *call); /* frees data; may be NULL */
 };
 
+/* Messages kept for reuse per client (at most; see lnorm__msg_put). */
+#define LNORM__MSG_POOL 8
+
 /* At most this many resends of one chunk after its connection dropped. */
 #define LNORM__MAX_RESENDS 4
 
@@ -101,6 +104,11 @@ struct lnorm_client {
     lnorm__slot *free_slots;
     lnorm__slot **all_slots; /* every slot ever made, freed at close */
     size_t nslots, cap_slots;
+    /* Reply messages kept to carry later requests (lnorm__msg_get/put):
+     * NNG allocates message bodies zeroed, so a fresh 1 MiB request costs a
+     * 1 MiB memset before its payload is even copied in. */
+    nng_msg *msg_pool[LNORM__MSG_POOL];
+    int npool;
 };
 
 /* Start a call (already filled: ops, data, nchunks, depth, timeouts, cb).
@@ -120,6 +128,19 @@ void lnorm__result_fail(lnorm_result *r, int err, int status, const char *fmt, .
 
 /* Serialize a Request into a fresh NNG message. */
 int lnorm__pack(const Lnorm__V1__Request *req, nng_msg **out);
+
+/* A message with a body of n bytes (contents undefined): a kept one that
+ * is large enough, else a new one. NULL when out of memory. */
+nng_msg *lnorm__msg_get(lnorm_client *c, size_t n);
+
+/* Keep a message that is no longer needed for a later lnorm__msg_get, or
+ * free it (pool full, or larger than twice the chunk size plus 1 MiB). */
+void lnorm__msg_put(lnorm_client *c, nng_msg *m);
+
+/* Tests: the request message of chunk i of a normalize call (as sent, with
+ * request id id); *nchunks is the call's number of chunks. */
+int lnorm__normalize_chunk_msg(lnorm_client *c, const lnorm_normalize_req *req, uint64_t i, uint64_t id,
+                               uint64_t *nchunks, nng_msg **out);
 
 /* The next request id of a client. */
 uint64_t lnorm__next_id(lnorm_client *c);
