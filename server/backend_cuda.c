@@ -831,14 +831,14 @@ static void lnorm__cuda_describe(lnorm__backend *base, char *buf, size_t n)
         return;
     size_t stage = be->ngpus && be->gpus[0].nslots ? be->gpus[0].slots[0].stage_cap : 0;
     int len = snprintf(buf, n,
-                       "cuda: %d GPU(s), %d slots each, %zu MiB device arena and %zu KiB pinned staging (in + out) "
-                       "per slot, stage segments <= %zu KiB, sync %s (in effect:",
+                       "cuda: %d GPU(s), %d slots each; per slot a %zu MiB device arena and two %zu KiB pinned "
+                       "staging arenas (in, out); staged requests <= %zu KiB; sync %s (in effect:",
                        be->ngpus, be->ngpus ? be->gpus[0].nslots : 0, be->slot_bytes >> 20, stage >> 10,
                        be->stage_max >> 10, sync_names[be->sync]);
     for (int i = 0; i < be->ngpus && len > 0 && (size_t)len < n; i++)
         len += snprintf(buf + len, n - (size_t)len, " %d:%s", be->gpus[i].dev, lnorm__sched_name(be->gpus[i].sched));
     if (len > 0 && (size_t)len < n)
-        len += snprintf(buf + len, n - (size_t)len, "), fallback %s%s",
+        len += snprintf(buf + len, n - (size_t)len, "); fallback %s%s",
                         be->fallback == LNORM__CUDA_FALLBACK_CPU ? "cpu" : "none",
                         be->fault_every ? ", FAULT INJECTION ON (LNORM_CUDA_FAULT_EVERY)" : "");
 }
