@@ -183,6 +183,7 @@ ratios = {
     "batched_over_unbatched": {c: ratio("batched", "unbatched", c) for c in cs},
     "batched_over_echo": {c: ratio("batched", "echo", c) for c in cs},
     "unbatched_over_echo": {c: ratio("unbatched", "echo", c) for c in cs},
+    "c64_batched_over_unbatched_both_spin": ratio("batched-spin", "unbatched-spin", "64"),
     "c64_spin_over_block_batched": ratio("batched-spin", "batched", "64"),
     "c64_spin_over_block_unbatched": ratio("unbatched-spin", "unbatched", "64"),
     "c64_batched_over_cpu_backend": ratio("batched", "cpu", "64"),
