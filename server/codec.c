@@ -1,5 +1,6 @@
 /* Decoding + validation of lnorm.v1.Request, packing of lnorm.v1.Response. */
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,18 +369,17 @@ static int lnorm__unpack(const uint8_t *buf, size_t len, ProtobufCAllocator *all
         return LNORM_OK;
     Lnorm__V1__NormalizeRequest *n = out->msg->normalize;
     ProtobufCBinaryData *f[2] = {&n->x, &n->residual};
-    if (borrow) {
-        out->borrowed = 1;
-        for (int k = 0; k < 2; k++)
-            if (sp.n[k]) {
-                f[k]->data = (uint8_t *)sp.data[k];
-                f[k]->len = sp.n[k];
-            }
-        return LNORM_OK;
-    }
     for (int k = 0; k < 2; k++) {
         if (!sp.n[k])
             continue;
+        /* Borrowed only when aligned for every dtype (4 bytes): the kernels
+         * read elements as float / uint16_t. Else copied, as below. */
+        if (borrow && ((uintptr_t)sp.data[k] % 4) == 0) {
+            out->borrowed |= 1 << k;
+            f[k]->data = (uint8_t *)sp.data[k];
+            f[k]->len = sp.n[k];
+            continue;
+        }
         uint8_t *p = alloc ? alloc->alloc(alloc->allocator_data, sp.n[k]) : malloc(sp.n[k]);
         if (!p) {
             out->request_id = out->msg->request_id;
@@ -449,10 +449,14 @@ void lnorm__codec_decoded_free(lnorm__decoded *d)
 {
     if (d->msg && d->borrowed && d->msg->body_case == LNORM__V1__REQUEST__BODY_NORMALIZE && d->msg->normalize) {
         /* borrowed bytes are not protobuf-c's to free */
-        d->msg->normalize->x.data = NULL;
-        d->msg->normalize->x.len = 0;
-        d->msg->normalize->residual.data = NULL;
-        d->msg->normalize->residual.len = 0;
+        if (d->borrowed & LNORM__BORROWED_X) {
+            d->msg->normalize->x.data = NULL;
+            d->msg->normalize->x.len = 0;
+        }
+        if (d->borrowed & LNORM__BORROWED_RESIDUAL) {
+            d->msg->normalize->residual.data = NULL;
+            d->msg->normalize->residual.len = 0;
+        }
     }
     d->borrowed = 0;
     if (d->msg)

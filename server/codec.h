@@ -23,6 +23,10 @@ typedef struct lnorm__limits {
     uint64_t max_hidden;  /* also capped at LNORM_CORE_MAX_HIDDEN */
 } lnorm__limits;
 
+/* lnorm__decoded.borrowed */
+#define LNORM__BORROWED_X 1
+#define LNORM__BORROWED_RESIDUAL 2
+
 /* Kinds of request (the body of lnorm.v1.Request). */
 enum {
     LNORM__REQ_NONE = 0,
@@ -49,10 +53,10 @@ typedef struct lnorm__decoded {
     size_t res_out_bytes;          /* 0 without residual */
     size_t stat_bytes;             /* rows * 4 */
     size_t in_bytes;               /* x + residual + inline params */
-    /* Borrowing decode only (lnorm__codec_decode_request_borrow): x and
-     * residual of msg->normalize point into the caller's buffer, not into
-     * memory of msg (they are detached before msg is freed). */
-    int borrowed;
+    /* Borrowing decode only (lnorm__codec_decode_request_borrow): which of
+     * x and residual of msg->normalize point into the caller's buffer (not
+     * into memory of msg: they are detached before msg is freed). */
+    int borrowed;                  /* LNORM__BORROWED_* bits */
     /* Left to the caller (dispatch): the message the payload is borrowed
      * from (owned, freed after lnorm__codec_decoded_free), and whether y is
      * computed over x inside it and sent back in it. */
@@ -77,8 +81,10 @@ void lnorm__codec_decoded_free(lnorm__decoded *d);
  * shape (one normalize body, x and residual each at most once), everything
  * but x and residual is unpacked by protobuf-c from a small copy of the
  * message (the "skeleton": the message without those two fields) and x /
- * residual then point into buf itself (out->borrowed = 1); buf must stay
- * valid and unchanged until lnorm__codec_decoded_free. Any other shape is
+ * residual then point into buf itself where they are 4-byte aligned
+ * (out->borrowed: LNORM__BORROWED_* bits; a field that is not aligned is
+ * copied, the kernels read whole elements); buf must stay valid and
+ * unchanged until lnorm__codec_decoded_free. Any other shape is
  * unpacked whole, as lnorm__codec_decode_request does (borrowed = 0). The
  * result (status, message, every field) is the same as that function's.
  * lnorm__codec_decode_request uses the same split and copies x / residual

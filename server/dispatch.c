@@ -144,7 +144,7 @@ static int lnorm__can_run_in_place(const lnorm__daemon *d, const lnorm__decoded 
 {
     const lnorm_segment *s = &dec->seg;
     size_t xs = lnorm_dtype_size(s->x_dtype);
-    return dec->borrowed && dec->src && !d->be->ops->buf_alloc && !dec->want_mean && !dec->want_rstd &&
+    return (dec->borrowed & LNORM__BORROWED_X) && dec->src && !d->be->ops->buf_alloc && !dec->want_mean && !dec->want_rstd &&
            !dec->res_out_bytes && !s->residual && lnorm_dtype_size(s->y_dtype) == xs && xs &&
            ((uintptr_t)s->x % xs) == 0;
 }
@@ -248,6 +248,10 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     char err[256];
     lnorm__decoded dec;
     size_t len = nng_msg_len(msg);
+    /* Whether the request arrived after SIGTERM is decided here, before it
+     * counts as in flight (and before decoding, which takes a while for a
+     * large message): a request seen in flight before the signal is served. */
+    int late = atomic_load(&d->draining);
     atomic_fetch_add(&d->stats.inflight, 1);
     atomic_fetch_add(&d->stats.bytes_in, len);
     /* Without special payload memory (CPU backend) x stays in the message,
@@ -264,7 +268,7 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     Lnorm__V1__Request *m = dec.msg;
     Lnorm__V1__Response r = LNORM__V1__RESPONSE__INIT;
     r.request_id = dec.request_id;
-    if (atomic_load(&d->draining) && dec.kind != LNORM__REQ_HEALTH && dec.kind != LNORM__REQ_INFO) {
+    if (late && dec.kind != LNORM__REQ_HEALTH && dec.kind != LNORM__REQ_INFO) {
         /* Received after SIGTERM: not started, so that the drain ends. */
         lnorm__reply_error(d, slot, dec.request_id, LNORM_EUNAVAIL, "lnormd is shutting down (draining)");
         lnorm__codec_decoded_free(&dec);
