@@ -3,14 +3,16 @@
 # lnormd through the client library (split into chunks, pipelined) against
 # the echo server receiving each request as one 64 MiB NNG message; plus
 # lnormd over raw NNG with single 64 MiB messages (max-message-bytes raised)
-# to separate chunking from the service. ROUNDS rounds.
-# Writes bench/results/load-large-vs-echo.json.
+# to separate chunking from the service. ROUNDS rounds; each round is one
+# lnorm-bench invocation that spawns a fresh lnormd and a fresh echo server
+# and measures lnormd, then echo, with the same load (one request in flight)
+# for the same time. Writes bench/results/load-large-vs-echo.json.
 . "$(dirname "$0")/common.sh"
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-6}
 files=""
-for drv in lib raw; do
-    for r in $(seq 1 "$ROUNDS"); do
+for r in $(seq 1 "$ROUNDS"); do
+    for drv in lib raw; do
         "$BENCH" --spawn "$LNORMD" --driver "$drv" --rows 16384 --hidden 1024 --dtype f32 --op ln \
             --concurrency 1 --duration "$DURATION" --warmup 1 --echo --verify 2 --variants 1 \
             --timeout 60000 --grace 10 --no-progress --tag round="$r" --tag loadavg_before="$LOADAVG" \
@@ -21,5 +23,5 @@ done
 # shellcheck disable=SC2086
 python3 "$(dirname "$0")/aggregate.py" --out "$RESULTS/load-large-vs-echo.json" \
     --name large-vs-echo --target-ratio 3.0 --tag loadavg_before="$LOADAVG" \
-    --note "64 MiB f32 requests, concurrency 1; driver lib = lnormd through liblnorm (chunked, its default chunk size and pipeline depth), driver raw = lnormd with one 64 MiB message per request; echo always gets one 64 MiB message per request; ratio = requests/s lnormd over echo" \
+    --note "64 MiB f32 LayerNorm requests (16384 rows x 1024), concurrency 1 (closed loop), ipc transport for both servers (each on its own private ipc path), both servers spawned by lnorm-bench in the same invocation and measured one after the other (lnormd, then echo) with the same load and duration. lnormd: CPU backend, default options plus --max-message-bytes 134217728 (which only the raw row needs). driver lib = lnormd through liblnorm's async API with its defaults: chunks of 1 MiB of x (256 rows, 64 chunks per request), pipeline depth 2, each chunk one NNG message. driver raw = lnormd with the whole request as one 64 MiB message. echo: lnorm-bench --echo-serve (NNG rep0, 1024 contexts, each message sent back unchanged), always sent the whole 64 MiB request as one message by the raw driver (encoded once up front, one req0 context). ratio = lnormd requests/s over echo requests/s of the same round; median, min and max over the rounds." \
     $files
