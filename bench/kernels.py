@@ -41,6 +41,9 @@ def load_lib(path):
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
         [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    if hasattr(lib, "lnorm_cuda_stat"):
+        lib.lnorm_cuda_stat.restype = ctypes.c_long
+        lib.lnorm_cuda_stat.argtypes = [ctypes.c_char_p]
     lib.lnorm_cuda_tier.restype = ctypes.c_int
     lib.lnorm_cuda_tier.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p)]
     return lib
@@ -82,7 +85,7 @@ def main():
     ap.add_argument("--variant", action="append", default=None,
                     help="NAME=KEY:VAL[,KEY:VAL]: run-time tuning of the same library "
                          "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
-                         "default: nobulk=bulk:0, st2=bulk_stages:2, st4=bulk_stages:4")
+                         "default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
@@ -95,11 +98,11 @@ def main():
     if hasattr(lib, "lnorm_cuda_set_tuning"):
         lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
         lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "st2=bulk_stages:2", "st4=bulk_stages:4"]
+        specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2"]
         for spec in specs:
             name, kvs = spec.split("=", 1)
             variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))
-    defaults = {"bulk": 1, "bulk_stages": 0, "bulk_ctas": 0}
+    defaults = {"bulk": 1, "bulk_stages": 0, "bulk_ctas": 0, "bulk_smem_kb": 64}
 
     def tune(kvs):
         for k, v in kvs:
@@ -142,8 +145,11 @@ def main():
                 res["lnormd_tier"] = desc.value.decode()
                 # Correctness sanity of every implementation against eager.
                 fn_l = lnormd_fn(lib, op, x, w, b, y)
+                nb = lib.lnorm_cuda_stat(b"bulk_launches") if hasattr(lib, "lnorm_cuda_stat") else -1
                 fn_l()
                 torch.cuda.synchronize()
+                if nb >= 0:
+                    res["lnormd_bulk"] = bool(lib.lnorm_cuda_stat(b"bulk_launches") > nb)
                 ref = eager(op, x, w, b)()
                 res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
                 del ref
@@ -187,7 +193,7 @@ def main():
                 res["meets_target"] = bool(res["lnormd"] >= res["best_peer"] and res["lnormd"] >= target * cp)
                 rows.append(res)
                 tc = res["torch_compile"]
-                print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s} lnormd {res['lnormd']:6.0f} "
+                print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s}{'B' if res.get('lnormd_bulk') else ' '} lnormd {res['lnormd']:6.0f} "
                       f"eager {res['torch_eager']:6.0f} compile {tc if tc is None else round(tc):>6} "
                       f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} "
                       f"vs copy {res['lnormd_vs_copy']:.2f} {'OK' if res['meets_target'] else 'MISS'} "

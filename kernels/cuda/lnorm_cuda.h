@@ -64,12 +64,19 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
                     float eps, int eps_mode, void *stream);
 
 /* Tuning knobs for benchmarks and A/B runs (process-wide, not thread-safe
- * against concurrent launches): "bulk" 0/1 (the bulk-copy kernels, default
- * 1), "bulk_stages" 0 or 2..8 (stages per CTA, 0 = chosen per launch),
- * "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none). Every setting
+ * against concurrent launches): "bulk" 0/1/2 (the bulk-copy kernels: off,
+ * where they pay (default), wherever rows allow), "bulk_stages" 0 or 2..8 (stages per CTA, 0 = chosen per launch),
+ * "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none), "bulk_smem_kb"
+ * 16..200 (shared memory per SM the stages may use, default 64). Every setting
  * gives the same output bits. Returns LNORM_EINVAL for an unknown name or
  * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
+
+/* Process-wide counters, for tests and benchmarks: "bulk_launches" (launches
+ * that ran the bulk-copy kernels) and "bulk_fallbacks" (launches marked for
+ * them that ran the kernels without bulk copies because the stages did not
+ * fit or the device refused the set-up). -1 for an unknown name. */
+long lnorm_cuda_stat(const char *name);
 
 #ifdef __cplusplus
 }

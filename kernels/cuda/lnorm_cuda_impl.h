@@ -51,11 +51,17 @@ enum {
 };
 
 /* Run-time tuning of the bulk path (lnorm_cuda_set_tuning): on/off, stage
- * count (0 = chosen by the launcher) and a cap on resident CTAs per SM
- * (0 = chosen). Defined in lnorm_cuda_run.c. */
+ * count (0 = chosen by the launcher), a cap on resident CTAs per SM
+ * (0 = chosen) and the shared memory per SM the stages may take (KiB).
+ * Defined in lnorm_cuda_run.c. */
 extern int lnorm__bulk_enabled;
 extern int lnorm__bulk_stages_override;
 extern int lnorm__bulk_ctas_override;
+extern int lnorm__bulk_smem_kb;
+/* Launches that ran the bulk kernels, and bulk launches that fell back to
+ * the kernels without bulk copies (lnorm_cuda_stat). */
+extern long lnorm__bulk_launches;
+extern long lnorm__bulk_fallbacks;
 
 /* The parameters of one launch: either a device table of nsegs segments
  * sorted by row_begin, or (table NULL) the single segment `one` inline.

@@ -302,11 +302,17 @@ __device__ __forceinline__ void emit_row(const uint4 (&raw)[NCH], const lnorm__k
             load_chunk<TP, VEC>(bp, c0, H, bal, b);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            float n = ((f[k] - K) - d) * rstd;
-            if (gp)
-                n = n * g[k];
-            if (bp)
-                n = n + b[k];
+            /* Explicit roundings (no contraction left to the compiler), the
+             * same operations as fast_row: n * g + b is one fma whether or
+             * not gamma/beta exist (fma(n, 1, b) = n + b, fma(n, g, -0) =
+             * n * g exactly), so every kernel gives the same bits. */
+            float n = __fmul_rn((f[k] - K) - d, rstd);
+            if (gp && bp)
+                n = __fmaf_rn(n, g[k], b[k]);
+            else if (gp)
+                n = __fmul_rn(n, g[k]);
+            else if (bp)
+                n = __fadd_rn(n, b[k]);
             f[k] = n;
         }
         store_chunk<TY, VEC>(yr, c0, H, yal, f);
@@ -478,13 +484,13 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
                     const float e = (f[k] - K) - d;
-                    sq += e * e;
+                    sq = __fmaf_rn(e, e, sq);
                 }
             } else {
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
                     const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
-                    sq += e * e;
+                    sq = __fmaf_rn(e, e, sq);
                 }
             }
         }
@@ -816,13 +822,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = RMS ? f[k] : (f[k] - K) - d;
-                sq += e * e;
+                sq = __fmaf_rn(e, e, sq);
             }
         } else {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
-                sq += e * e;
+                sq = __fmaf_rn(e, e, sq);
             }
         }
     }
@@ -870,9 +876,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            float n = (RMS ? f[k] : (f[k] - K) - d) * rstd;
-            n = n * g[k];
-            f[k] = n + b[k];
+            const float n = __fmul_rn(RMS ? f[k] : (f[k] - K) - d, rstd);
+            f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
         }
         store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
 #if LNORM_CUDA_EMIT_BARRIER
@@ -1044,12 +1049,12 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
 
 /* CTA size and register budget of a bulk kernel: the bytes in flight come
  * from the stages, not from registers, so a thread may use more registers
- * than in k_fast (no spills): up to 128 a thread for 4-chunk tiers, as
- * many as one CTA per SM allows for 8-chunk tiers (their stages fill the
- * shared memory of an SM anyway). */
+ * than in k_fast (no spills): up to 128 a thread, and at least two
+ * 256-thread CTAs per SM (one CTA alone leaves its reductions and stores
+ * unoverlapped: measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy). */
 template <int TPR, int NCH> struct BulkShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int min_blocks = NCH <= 4 && 65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1;
+    static constexpr int min_blocks = 65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1;
 };
 
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
@@ -1137,11 +1142,10 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
 }
 
-/* Shared memory per SM the bulk path plans with (of 228 KiB on sm_90,
- * leaving room for the static shared memory and the 1 KiB per CTA the
- * hardware reserves). */
-#define LNORM__BULK_SMEM_SM (200 * 1024)
-#define LNORM__BULK_SMEM_CTA (227 * 1024)
+/* Largest dynamic shared memory of one bulk CTA (dynamic + static must stay
+ * under the 227 KiB opt-in of sm_90). The per-SM budget the launcher plans
+ * with is lnorm__bulk_smem_kb (lnorm_cuda_set_tuning "bulk_smem_kb"). */
+#define LNORM__BULK_SMEM_CTA (200 * 1024)
 
 
 /* Launch the bulk kernel of one tier: choose the number of resident CTAs
@@ -1164,22 +1168,26 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     if (e != cudaSuccess)
         return e;
     auto kern = k_bulk<TX, TP, RMS, TPR, NCH, CL>;
-    if (dev < 64 && !attr_set[dev]) {
+    /* A set-up call that fails leaves nothing launched: clear the error it
+     * recorded and let the caller run the kernel without bulk copies. */
+    if (dev >= 64 || !attr_set[dev]) {
         e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, LNORM__BULK_SMEM_CTA);
-        if (e != cudaSuccess)
-            return e;
-        if (CL > 8) {
+        if (e == cudaSuccess && CL > 8)
             e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-            if (e != cudaSuccess)
-                return e;
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return cudaErrorInvalidValue;
         }
-        attr_set[dev] = 1;
+        if (dev < 64)
+            attr_set[dev] = 1;
     }
     int occ = dev < 64 ? occ_cache[dev] : 0;
     if (occ <= 0) {
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
-        if (e != cudaSuccess)
-            return e;
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return cudaErrorInvalidValue;
+        }
         if (occ < 1)
             occ = 1;
         if (dev < 64)
@@ -1189,20 +1197,28 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         occ = lnorm__bulk_ctas_override;
     const int64_t rs = bulk_row_bytes(*p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL);
     const int64_t stage_bytes = rs * RPC;
+    /* Every CTA the registers allow, and as many stages as the per-SM
+     * budget gives each (at least 2): shared memory beyond the budget is
+     * left to the L1 cache, where gamma/beta are read from by every row
+     * (measured 2026-11-29: more stages at the cost of L1 were slower). */
+    const int64_t budget = (int64_t)lnorm__bulk_smem_kb * 1024;
     int n = occ, stages = 0;
-    for (int want = 3; want >= 2 && stages == 0; want--)
-        for (n = occ; n >= 1; n--) {
-            int64_t per = LNORM__BULK_SMEM_SM / n;
-            if (per > LNORM__BULK_SMEM_CTA)
-                per = LNORM__BULK_SMEM_CTA;
-            int64_t s = per / stage_bytes;
-            if (s > LNORM__BULK_MAXST)
-                s = LNORM__BULK_MAXST;
-            if (s >= want) {
-                stages = (int)s;
-                break;
-            }
+    for (; n >= 1; n--) {
+        int64_t per = budget / n;
+        if (per > LNORM__BULK_SMEM_CTA)
+            per = LNORM__BULK_SMEM_CTA;
+        int64_t s = per / stage_bytes;
+        if (s > LNORM__BULK_MAXST)
+            s = LNORM__BULK_MAXST;
+        if (s >= 2) {
+            stages = (int)s;
+            break;
         }
+    }
+    if (stages == 0 && 2 * stage_bytes <= LNORM__BULK_SMEM_CTA) {
+        n = 1;
+        stages = 2;
+    }
     if (stages == 0)
         return cudaErrorInvalidValue;
     if (lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
@@ -1230,10 +1246,10 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         cfg.gridDim = dim3(CL * sms, 1, 1);
         int ncl = 0;
         e = cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg);
-        if (e != cudaSuccess)
-            return e;
-        if (ncl < 1)
-            return cudaErrorInvalidConfiguration;
+        if (e != cudaSuccess || ncl < 1) {
+            (void)cudaGetLastError();
+            return cudaErrorInvalidValue;
+        }
         const int64_t cl = tiles < ncl ? tiles : ncl;
         cfg.gridDim = dim3((unsigned)(cl * CL), 1, 1);
         return cudaLaunchKernelEx(&cfg, kern, *p, stages);
@@ -1291,8 +1307,12 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
             e = rms ? launch_bulk<TX, float, true, TPR, NCH, CL>(p, st) : launch_bulk<TX, float, false, TPR, NCH, CL>(p, st);
         else
             e = rms ? launch_bulk<TX, TX, true, TPR, NCH, CL>(p, st) : launch_bulk<TX, TX, false, TPR, NCH, CL>(p, st);
-        if (e != cudaErrorInvalidValue) /* InvalidValue: the stages do not fit, nothing was launched */
+        if (e != cudaErrorInvalidValue) { /* InvalidValue: the stages do not fit, nothing was launched */
+            if (e == cudaSuccess)
+                __atomic_fetch_add(&lnorm__bulk_launches, 1L, __ATOMIC_RELAXED);
             return e;
+        }
+        __atomic_fetch_add(&lnorm__bulk_fallbacks, 1L, __ATOMIC_RELAXED);
     }
 #endif
     if constexpr (CL != 1) {

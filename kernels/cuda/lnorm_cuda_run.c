@@ -25,6 +25,18 @@ static const int64_t lnorm__tier_cap[LNORM__NREG_TIERS] = {
 #undef LNORM__CAP
 };
 
+/* Threads per row and chunks per thread of the register tiers. */
+static const int lnorm__tier_tpr[LNORM__NREG_TIERS] = {
+#define LNORM__TPR(i, tpr, nch, cl) (tpr),
+    LNORM__TIERS(LNORM__TPR)
+#undef LNORM__TPR
+};
+static const int lnorm__tier_nch[LNORM__NREG_TIERS] = {
+#define LNORM__NCH(i, tpr, nch, cl) (nch),
+    LNORM__TIERS(LNORM__NCH)
+#undef LNORM__NCH
+};
+
 /* CTAs per row of the register tiers. */
 static const int lnorm__tier_cl[LNORM__NREG_TIERS] = {
 #define LNORM__CL(i, tpr, nch, cl) (cl),
@@ -58,17 +70,31 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
 int lnorm__bulk_enabled = 1;
 int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
+int lnorm__bulk_smem_kb = 64;
+long lnorm__bulk_launches = 0;
+long lnorm__bulk_fallbacks = 0;
+
+long lnorm_cuda_stat(const char *name)
+{
+    if (name && !strcmp(name, "bulk_launches"))
+        return __atomic_load_n(&lnorm__bulk_launches, __ATOMIC_RELAXED);
+    if (name && !strcmp(name, "bulk_fallbacks"))
+        return __atomic_load_n(&lnorm__bulk_fallbacks, __ATOMIC_RELAXED);
+    return -1;
+}
 
 int lnorm_cuda_set_tuning(const char *name, int value)
 {
     if (!name)
         return LNORM_EINVAL;
-    if (!strcmp(name, "bulk") && (value == 0 || value == 1))
+    if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
     else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
         lnorm__bulk_stages_override = value;
     else if (!strcmp(name, "bulk_ctas") && value >= 0 && value <= 64)
         lnorm__bulk_ctas_override = value;
+    else if (!strcmp(name, "bulk_smem_kb") && value >= 16 && value <= 200)
+        lnorm__bulk_smem_kb = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;
@@ -80,6 +106,22 @@ static int lnorm__bulk_ok(const lnorm_segment *s)
 {
     const size_t xs = lnorm_dtype_size(s->x_dtype);
     return ((uintptr_t)s->x % 16) == 0 && ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->hidden * xs) % 16 == 0;
+}
+
+/* Where the bulk kernels beat k_fast (H200, bench/results/kernels-2026-11-29-bulk.json,
+ * bit-identical either way): every cluster tier (k_fast has none; 1.4-1.8x
+ * the general cluster kernel), and the 4-chunk one-CTA tiers for LayerNorm
+ * with 16-bit x (+8-22%) or f32 x from 64 threads per row (H >= 1024,
+ * +2-5%). RMSNorm and small-H f32 LayerNorm stay on k_fast (3-7% faster
+ * there), and so does the 8-chunk one-CTA tier (k_bulk holds one 256-thread
+ * CTA per SM there and fell to 0.25-0.55 of copy). */
+static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
+{
+    if (lnorm__tier_cl[tier] > 1)
+        return 1;
+    if (lnorm__tier_nch[tier] != 4 || s->op != LNORM_OP_LAYERNORM)
+        return 0;
+    return s->x_dtype != LNORM_DTYPE_F32 || lnorm__tier_tpr[tier] >= 64;
 }
 
 /* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
@@ -103,7 +145,7 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         v = rms ? LNORM__FAST_RMS_PF32 : LNORM__FAST_LN_PF32;
     else
         return LNORM__FAST_NONE;
-    if (lnorm__bulk_ok(s))
+    if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && (lnorm__bulk_enabled == 2 || lnorm__bulk_pays(s, tier)))
         return v | LNORM__FAST_BULK;
     return lnorm__tier_cl[tier] == 1 ? v : LNORM__FAST_NONE;
 }

@@ -434,8 +434,8 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     static const struct {
         const char *name;
         int bulk, stages, ctas;
-    } runs[] = {{"bulk off", 0, 0, 0}, {"bulk, 2 stages, 1 CTA/SM", 1, 2, 1}, {"bulk, 3 stages", 1, 3, 0},
-                {"bulk, launcher's choice", 1, 0, 0}};
+    } runs[] = {{"bulk off", 0, 0, 0}, {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1}, {"bulk forced, 3 stages", 2, 3, 0},
+                {"bulk forced, launcher's choice", 2, 0, 0}, {"default policy", 1, 0, 0}};
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long fails = 0, cases = 0;
@@ -491,12 +491,20 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                             break;
                         }
                         const char *why = NULL;
+                        const long nb = lnorm_cuda_stat("bulk_launches");
                         int err = gpu_run(&tc, 0, &why);
                         if (err) {
                             fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
                                     why ? why : "");
                             fails++;
                             break;
+                        }
+                        const long ran = lnorm_cuda_stat("bulk_launches") - nb;
+                        const long want = runs[ri].bulk == 2 ? 1 : 0; /* the policy's choice is not checked */
+                        if (runs[ri].bulk != 1 && ran != want) {
+                            fprintf(stderr, "FAIL %s (%s): %ld bulk launches, expected %ld\n", label, runs[ri].name,
+                                    ran, want);
+                            fails++;
                         }
                         if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
                             fprintf(stderr, "FAIL %s (%s): wrong against the float64 reference\n", label, runs[ri].name);
