@@ -45,12 +45,6 @@ bash scripts/bootstrap
 # Everything in the fuzz build is instrumented for coverage (fuzzer-no-link),
 # ASan and UBSan; only the fuzz_* executables link libFuzzer's main.
 flags="-fsanitize=fuzzer-no-link -g -O1"
-# clang 14 rejects __builtin_cpu_supports("f16c") (kernels/cpu/cpu_backend.c);
-# until that is portable, the fuzz build answers "no" to every ISA probe, so
-# the CPU backend runs its scalar path here (the fuzzers target the codecs).
-if ! echo 'int main(void){return __builtin_cpu_supports("f16c");}' | "$cc" -x c -o /dev/null - >/dev/null 2>&1; then
-  flags="$flags -include $PWD/fuzz/no_cpu_probe.h"
-fi
 CC=$cc CXX=$cxx cmake -S . -B "$build" -DLNORM_FUZZ=ON -DLNORM_SANITIZE=ON -DLNORM_WITH_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >/dev/null
 cmake --build "$build" -j "$jobs" --target $(printf 'fuzz_%s ' "${targets[@]}")

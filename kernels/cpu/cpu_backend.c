@@ -41,6 +41,17 @@ struct lnorm_cpu {
 static int isa_ok[NISA];
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+ * not know the name "f16c", gcc's does; cpuid works with both. */
+static int has_f16c(void)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+#endif
+
 static void isa_probe(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,11 +63,10 @@ static void isa_probe(void)
 #if defined(__x86_64__) || defined(__i386__)
         if (!strcmp(n, "avx512"))
             isa_ok[i] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+                        __builtin_cpu_supports("avx512vl") && has_f16c() &&
                         __builtin_cpu_supports("fma");
         else if (!strcmp(n, "avx2"))
-            isa_ok[i] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                        __builtin_cpu_supports("f16c");
+            isa_ok[i] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 #else
         (void)n;
 #endif
