@@ -543,10 +543,29 @@ int lnorm__codec_pack_y_in_place(nng_msg *msg, const void *y, size_t y_len, uint
     if (nng_msg_chop(msg, blen - (oy + y_len)) != 0)
         return LNORM_EINTERNAL;
     if (oy >= fn + rn) {
-        if (nng_msg_trim(msg, oy - fn - rn) != 0)
+        /* The rest of the front becomes a padding field (unknown to every
+         * reader, skipped), so that the reply is as long as the request: the
+         * client's receive buffer of this reply then fits its next request
+         * (liblnorm reuses it; NNG zeroes every new one), and y keeps x's
+         * alignment. 1 or 2 spare bytes cannot be a field: trimmed. */
+        size_t spare = oy - fn - rn, k = 0;
+        if (spare >= 3) {
+            k = spare - 3;
+            while (2 + lnorm__varint_len(k) + k > spare)
+                k--;
+        }
+        size_t pad = spare >= 3 ? 2 + lnorm__varint_len(k) + k : 0;
+        if (nng_msg_trim(msg, spare - pad) != 0)
             return LNORM_EINTERNAL;
-        memcpy((uint8_t *)nng_msg_body(msg), R, rn);
-        memcpy((uint8_t *)nng_msg_body(msg) + rn, F, fn);
+        uint8_t *b = nng_msg_body(msg);
+        memcpy(b, R, rn);
+        if (pad) {
+            uint8_t *p = b + rn;
+            p += lnorm__put_varint(p, (LNORM__PAD_FIELD << 3) | 2);
+            p += lnorm__put_varint(p, k);
+            memset(p, 0, k);
+        }
+        memcpy(b + rn + pad, F, fn);
         return LNORM_OK;
     }
     if (oy >= fn) {

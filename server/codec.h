@@ -23,6 +23,11 @@ typedef struct lnorm__limits {
     uint64_t max_hidden;  /* also capped at LNORM_CORE_MAX_HIDDEN */
 } lnorm__limits;
 
+/* The field number liblnorm pads requests with (in NormalizeRequest, before
+ * x) and lnormd pads in-place replies with (in Response): bytes, unknown to
+ * the schema, skipped by every reader. */
+#define LNORM__PAD_FIELD 2047u
+
 /* lnorm__decoded.borrowed */
 #define LNORM__BORROWED_X 1
 #define LNORM__BORROWED_RESIDUAL 2
@@ -97,8 +102,9 @@ int lnorm__codec_decode_request_borrow(const uint8_t *buf, size_t len, const lno
  * A Response with normalize{y} only (no stats, no residual_out), encoded
  * around y where y already lies inside msg's body: normalize's and y's keys
  * and lengths are written right in front of y, request_id, status (OK) and
- * timings in front of those when the body has room there, else after y, and
- * the body is cut to exactly the encoded Response. y's bytes are not copied
+ * timings in front of those when the body has room there (what is left in
+ * front becomes a padding field, LNORM__PAD_FIELD), else after y, and the
+ * body is cut to exactly the encoded Response. y's bytes are not copied
  * (unless fewer than ~10 bytes precede it: then y is moved). Returns
  * LNORM_OK; LNORM_EINVAL with msg unchanged when y is not inside the body;
  * another error (out of memory) leaves msg unusable.

@@ -72,7 +72,7 @@ nng_msg *lnorm__msg_get(lnorm_client *c, size_t n)
     nng_msg *m = NULL;
     nng_mtx_lock(c->mtx);
     for (int i = 0; i < c->npool; i++) {
-        if (nng_msg_capacity(c->msg_pool[i]) >= n + 64) {
+        if (nng_msg_capacity(c->msg_pool[i]) >= n) { /* room from the body on */
             m = c->msg_pool[i];
             c->msg_pool[i] = c->msg_pool[--c->npool];
             break;

@@ -485,8 +485,11 @@ static void test_replies(void)
             check_reply(m, want, yn, id, &t, front >= 64 ? "room in front" : "little room in front");
             const uint8_t *b = nng_msg_body(m);
             size_t n = nng_msg_len(m);
-            if (front >= 64)
+            if (front >= 64) {
                 CHECK(b + n - yn == yp, "y moved although there was room");
+                CHECK(n == front + yn, "reply of %zu bytes, want the request's %zu (front kept as padding)", n,
+                      front + yn);
+            }
             else if (front >= 12 && back >= 60) /* room for the other fields after y */
                 CHECK(b <= yp && yp + yn <= b + n, "y moved although there was room for its keys");
         }
