@@ -19,7 +19,7 @@ STEPS=${2:-test,backend,san,triton,bench}
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat "$B/lnorm_commit.txt" 2>/dev/null || echo unknown)
+COMMIT=${LNORM_COMMIT:-$(cat "$B/lnorm_commit.txt" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export LNORM_COMMIT=$COMMIT
 S=$OUT/summary.txt
 {

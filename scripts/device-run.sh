@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call for everything GPU: unpack the bundle made by
+# scripts/device-pack.sh, run the GPU proof (scripts/device-gpu.sh: test_gpu,
+# test_backend_cuda, compute-sanitizer, bench/kernels.py) and the serving
+# benchmark (scripts/device-serve.sh), and leave at most 8 files in $OUT
+# (the serving files are bundled as serve.tgz).
+# Usage (device, repository root): OUT=dir scripts/device-run.sh [bundle] [gpu-steps] [serve: 1|0]
+set -u
+PACK=${1:-.devpack/lnorm-sm90.tar.xz}
+STEPS=${2:-test,backend,san,bench}
+SERVE=${3:-1}
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/lnorm-run-XXXXXX)
+tar xJf "$PACK" -C "$W" || { echo "cannot unpack $PACK"; exit 1; }
+export LNORM_COMMIT=$(cat "$W/b/lnorm_commit.txt")
+rc=0
+OUT=$OUT bash scripts/device-gpu.sh "$W/b" "$STEPS" || rc=1
+if [ "$SERVE" = 1 ]; then
+  OUT=$W/serve bash scripts/device-serve.sh "$W/b" >/dev/null 2>&1 || rc=1
+  tar czf "$OUT/serve.tgz" -C "$W" serve
+  tail -n 25 "$W/serve/serve.log"
+fi
+rm -rf "$W"
+exit $rc
