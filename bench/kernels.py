@@ -149,7 +149,7 @@ def main():
                 fn_l()
                 torch.cuda.synchronize()
                 if nb >= 0:
-                    res["lnormd_bulk"] = bool(lib.lnorm_cuda_stat(b"bulk_launches") > nb)
+                    res["lnormd_uses_bulk"] = bool(lib.lnorm_cuda_stat(b"bulk_launches") > nb)
                 ref = eager(op, x, w, b)()
                 res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
                 del ref
@@ -193,7 +193,7 @@ def main():
                 res["meets_target"] = bool(res["lnormd"] >= res["best_peer"] and res["lnormd"] >= target * cp)
                 rows.append(res)
                 tc = res["torch_compile"]
-                print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s}{'B' if res.get('lnormd_bulk') else ' '} lnormd {res['lnormd']:6.0f} "
+                print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s}{'B' if res.get('lnormd_uses_bulk') else ' '} lnormd {res['lnormd']:6.0f} "
                       f"eager {res['torch_eager']:6.0f} compile {tc if tc is None else round(tc):>6} "
                       f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} "
                       f"vs copy {res['lnormd_vs_copy']:.2f} {'OK' if res['meets_target'] else 'MISS'} "

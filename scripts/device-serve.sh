@@ -5,7 +5,7 @@
 #   - batching on (max-queue-delay-us 0) at c=1,8,64, with the NNG echo
 #     baseline for the same messages and concurrency (lnorm-bench --echo);
 #   - batching off (max-batch-rows 1) at c=1,8,64;
-#   - completion wait policy: cuda-sync spin against the default (block) at
+#   - completion wait policy: cuda-sync block against the default (spin) at
 #     c=64, batching on and off;
 #   - staging off (cuda-staging-bytes 0: every request copied on its own) at
 #     c=64, batching on;
@@ -90,10 +90,10 @@ scrape_start 17901 "$TMP/metrics-batched.txt"
 bench batched --concurrency 1,8,64 --echo -- --backend "$BE" --log-level info --http 127.0.0.1:17901
 scrape_stop
 bench unbatched --concurrency 1,8,64 -- --backend "$BE" --max-batch-rows 1
-scrape_start 17902 "$TMP/metrics-batched-spin.txt"
-bench batched-spin --concurrency 64 -- --backend "$BE" --cuda-sync spin --log-level info --http 127.0.0.1:17902
+scrape_start 17902 "$TMP/metrics-batched-block.txt"
+bench batched-block --concurrency 64 -- --backend "$BE" --cuda-sync block --log-level info --http 127.0.0.1:17902
 scrape_stop
-bench unbatched-spin --concurrency 64 -- --backend "$BE" --cuda-sync spin --max-batch-rows 1
+bench unbatched-block --concurrency 64 -- --backend "$BE" --cuda-sync block --max-batch-rows 1
 scrape_start 17903 "$TMP/metrics-batched-nostaging.txt"
 bench batched-nostaging --concurrency 64 -- --backend "$BE" --cuda-staging-bytes 0 --http 127.0.0.1:17903
 scrape_stop
@@ -168,7 +168,7 @@ def points(name, target="lnormd"):
         }
     return res
 
-series = {n: points(n) for n in ("batched", "unbatched", "batched-spin", "unbatched-spin", "batched-nostaging", "cpu")}
+series = {n: points(n) for n in ("batched", "unbatched", "batched-block", "unbatched-block", "batched-nostaging", "cpu")}
 series["echo"] = points("batched", "echo")
 
 def ratio(a, b, c):
@@ -183,9 +183,9 @@ ratios = {
     "batched_over_unbatched": {c: ratio("batched", "unbatched", c) for c in cs},
     "batched_over_echo": {c: ratio("batched", "echo", c) for c in cs},
     "unbatched_over_echo": {c: ratio("unbatched", "echo", c) for c in cs},
-    "c64_batched_over_unbatched_both_spin": ratio("batched-spin", "unbatched-spin", "64"),
-    "c64_spin_over_block_batched": ratio("batched-spin", "batched", "64"),
-    "c64_spin_over_block_unbatched": ratio("unbatched-spin", "unbatched", "64"),
+    "c64_batched_over_unbatched_both_block": ratio("batched-block", "unbatched-block", "64"),
+    "c64_spin_over_block_batched": ratio("batched", "batched-block", "64"),
+    "c64_spin_over_block_unbatched": ratio("unbatched", "unbatched-block", "64"),
     "c64_batched_over_cpu_backend": ratio("batched", "cpu", "64"),
     "c64_staging_on_over_off": ratio("batched", "batched-nostaging", "64"),
 }
@@ -247,7 +247,7 @@ summary = {
     "target": {"batched_over_unbatched_c64": 5, "measured": b64, "met": bool(b64 and b64 >= 5)},
     "points": series,
     "metrics_last_scrape": {n: metric_lines(os.path.join(tmp, "metrics-%s.txt" % n))
-                            for n in ("batched", "batched-spin", "batched-nostaging")},
+                            for n in ("batched", "batched-block", "batched-nostaging")},
     "large_64MiB_bf16": large,
     "pcie": pcie,
     "gpu_util_by_phase": by_phase,

@@ -68,7 +68,7 @@ static const lnorm__key lnorm__keys[] = {
     {"cuda-stage-max-bytes", K_U64, O(cuda_stage_max_bytes), 0, 1ull << 40, "262144",
      "requests with at most this payload (in + out) are gathered into the staging arenas; larger ones are "
      "copied directly (cuda)"},
-    {"cuda-sync", K_CHOICE, O(cuda_sync), 0, 0, "block",
+    {"cuda-sync", K_CHOICE, O(cuda_sync), 0, 0, "spin",
      "how a GPU's completion thread waits for a batch: spin|yield|block (cuda)"},
     {"cuda-fallback", K_CHOICE, O(cuda_fallback), 0, 0, "none",
      "a batch whose CUDA work fails: none (error replies) | cpu (computed on the CPU instead) (cuda)"},
