@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pack what one device call needs into one small file (the device takes at
 # most 64 MiB of carried paths; the static binaries are ~90 MB, ~20 MB as xz):
-# build-sm90's lnormd, lnorm-bench, test_gpu, test_backend_cuda and
-# liblnorm_cuda_bench.so, laid out as a build folder under b/.
+# build-sm90's lnormd, lnorm-bench, test_gpu, test_backend_cuda,
+# liblnorm_cuda_bench.so and lnorm-backend-bench (b/lnorm-backend-bench), laid
+# out as a build folder under b/.
 # Usage (development machine): scripts/device-pack.sh [build-folder] [out]
 #   make device-build   (or the cmake lines at the top of scripts/device-serve.sh)
 #   scripts/device-pack.sh build-sm90 .devpack/lnorm-sm90.tar.xz
@@ -14,6 +15,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 mkdir -p "$T/b/tests/gpu" "$T/b/kernels/cuda" "$(dirname "$P")"
 cp "$B/server/lnormd" "$B/client/bench/lnorm-bench" "$T/b/"
+cp "$B/bench/gpu/lnorm-backend-bench" "$T/b/lnorm-backend-bench"
 cp "$B/tests/gpu/test_gpu" "$B/tests/gpu/test_backend_cuda" "$T/b/tests/gpu/"
 cp "$B/kernels/cuda/liblnorm_cuda_bench.so" "$T/b/kernels/cuda/"
 git rev-parse --short HEAD >"$T/b/lnorm_commit.txt" 2>/dev/null || echo unknown >"$T/b/lnorm_commit.txt"

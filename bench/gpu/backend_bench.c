@@ -556,6 +556,7 @@ int main(int argc, char **argv)
     lnorm__cuda_opts o;
     lnorm__cuda_opts_init(&o);
     static const char *const sync_names[] = {"spin", "yield", "block"};
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a log keeps stdout and stderr in order */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -726,7 +727,6 @@ int main(int argc, char **argv)
     }
     printf("(rows/s: one-row segments completed per second; lat: submit to done per job; comp: the backend's "
            "compute_ns per job; GB/s: x in + y out; ratio: rows/s over unbatched)\n");
-    printf("%s\n", failed ? "FAIL" : "PASS");
 
     if (json) {
         FILE *f = fopen(json, "w");
@@ -791,5 +791,7 @@ int main(int argc, char **argv)
     b.be->ops->buf_free(b.be, gamma);
     b.be->ops->buf_free(b.be, beta);
     b.be->ops->destroy(b.be);
+    printf("%s: lnorm-backend-bench, %d mode(s)%s%s\n", failed ? "FAIL" : "PASS", nres, json ? ", JSON in " : "",
+           json ? json : "");
     return failed ? 1 : 0;
 }
