@@ -119,7 +119,8 @@ typedef struct lnorm__cuda_opts {
 } lnorm__cuda_opts;
 
 /* Fill o with the defaults: every GPU, 256 MiB slots, 2 per GPU, 16 MiB
- * staging arenas, 256 KiB stage threshold, block, no fallback. */
+ * staging arenas, 256 KiB stage threshold, spin (lnormd's measured default,
+ * docs/gpu.md), no fallback. */
 static inline void lnorm__cuda_opts_init(lnorm__cuda_opts *o)
 {
     o->devices = NULL;
@@ -127,7 +128,7 @@ static inline void lnorm__cuda_opts_init(lnorm__cuda_opts *o)
     o->slots_per_gpu = 2;
     o->staging_bytes = LNORM__CUDA_DEFAULT_STAGING_BYTES;
     o->stage_max_bytes = LNORM__CUDA_DEFAULT_STAGE_MAX_BYTES;
-    o->sync = LNORM__CUDA_SYNC_BLOCK;
+    o->sync = LNORM__CUDA_SYNC_SPIN;
     o->fallback = LNORM__CUDA_FALLBACK_NONE;
     o->cpu_threads = 0;
 }

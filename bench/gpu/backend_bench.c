@@ -531,7 +531,7 @@ static void usage(FILE *f)
             "  --devices LIST       GPU indices (default: all)\n"
             "  --slots N            slots per GPU (default: the backend's, 2)\n"
             "  --slot-bytes N       device arena per slot (default: the backend's, 256M)\n"
-            "  --sync spin|yield|block   cuda-sync (default: the backend's, block)\n"
+            "  --sync spin|yield|block   cuda-sync (default: the backend's, spin)\n"
             "  --staging-bytes N    pinned staging arenas per slot, 0 = off (default: the backend's, 16M)\n"
             "  --stage-max-bytes N  largest staged segment (default: the backend's, 256K)\n"
             "  --json FILE          write the results as JSON\n"
