@@ -16,7 +16,8 @@ def load(name):
 def pairs(d):
     print("device: %s, %s CPUs; date %s; commit %s" % (
         d["device"], d["raw_rounds"][0].get("cpus_online", "?"), d["date"], d["commit"]))
-    la = sorted({la for s in d["summary"] for la in s.get("loadavg_at_start", [])})
+    la = sorted({la for s in d["summary"] for la in s.get("loadavg_at_start", []) if la},
+                key=lambda v: float(v.split()[0]))
     if la:
         print("load average (1/5/15 min) at the start of the points: %s .. %s" % (la[0], la[-1]))
     print()
