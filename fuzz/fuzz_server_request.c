@@ -12,6 +12,15 @@
  *    from the decoded message, as lnormd's backend does; so any
  *    disagreement between the sizes the codec checked and what the core
  *    reads is an ASan report.
+ * The same bytes then go through the borrowing decoder
+ * (lnorm__codec_decode_request_borrow, what lnormd runs on the CPU
+ * backend), from a copy in an NNG message as lnormd has them: it must give
+ * the same status, request id, kind, segment and input bytes as the copying
+ * decoder. Where lnormd would answer in place (x borrowed, y of x's element
+ * size, no stats, no residual), y is computed over x inside the message,
+ * the reply is encoded around it (lnorm__codec_pack_y_in_place) and must
+ * decode with protobuf-c to the request id, status OK and exactly those y
+ * bytes.
  * Limits are small (as an operator might set them) so compute stays cheap.
  */
 #include <stdint.h>
@@ -75,6 +84,80 @@ static void check_error_reply(const lnorm__decoded *d, int rv, const char *msg)
     nng_msg_free(m);
 }
 
+/* Bytes of an input tensor of the segment (rows x hidden of dtype). */
+static size_t in_bytes(const lnorm_segment *s, int dt)
+{
+    return (size_t)s->rows * (size_t)s->hidden * lnorm_dtype_size(dt);
+}
+
+/* The borrowing decoder on the same bytes, against the copying one (d, rv). */
+static void check_borrow(const uint8_t *data, size_t size, const lnorm__limits *lim, const lnorm__decoded *d,
+                         int rv)
+{
+    nng_msg *m = NULL;
+    check(nng_msg_alloc(&m, size) == 0, "nng_msg_alloc failed");
+    if (size)
+        memcpy(nng_msg_body(m), data, size);
+    lnorm__decoded b;
+    char err[256];
+    int rb = lnorm__codec_decode_request_borrow(nng_msg_body(m), size, lim, &b, err, sizeof err);
+    check(rb == rv, "borrowing decoder: different status");
+    check(b.request_id == d->request_id, "borrowing decoder: different request id");
+    if (rv == LNORM_OK) {
+        check(b.kind == d->kind, "borrowing decoder: different kind");
+        if (d->kind == LNORM__REQ_NORMALIZE) {
+            const lnorm_segment *x = &d->seg, *y = &b.seg;
+            check(x->op == y->op && x->x_dtype == y->x_dtype && x->y_dtype == y->y_dtype &&
+                      x->param_dtype == y->param_dtype && x->rows == y->rows && x->hidden == y->hidden &&
+                      x->eps == y->eps && x->eps_mode == y->eps_mode && (x->gamma == NULL) == (y->gamma == NULL) &&
+                      (x->beta == NULL) == (y->beta == NULL) && (x->residual == NULL) == (y->residual == NULL),
+                  "borrowing decoder: different segment");
+            check(!memcmp(x->x, y->x, in_bytes(x, x->x_dtype)), "borrowing decoder: different x");
+            if (x->residual)
+                check(!memcmp(x->residual, y->residual, in_bytes(x, x->x_dtype)),
+                      "borrowing decoder: different residual");
+            if (b.borrowed & LNORM__BORROWED_X) {
+                const uint8_t *bx = (const uint8_t *)y->x, *body = nng_msg_body(m);
+                check(bx >= body && bx + in_bytes(y, y->x_dtype) <= body + size,
+                      "borrowed x outside the message");
+                check(((uintptr_t)bx & 3) == 0, "borrowed x not 4-byte aligned");
+            }
+            run_segment(&b);
+            /* lnormd's in-place answer, where it would give one. */
+            if ((b.borrowed & LNORM__BORROWED_X) && !y->residual && !b.want_mean && !b.want_rstd &&
+                lnorm_dtype_size(y->y_dtype) == lnorm_dtype_size(y->x_dtype)) {
+                lnorm_segment s = *y;
+                void *out = xalloc(b.y_bytes);
+                s.y = out;
+                const char *why = NULL;
+                check(lnorm_cpu_run_segment(NULL, &s, &why) == LNORM_OK, "compute failed");
+                memcpy((void *)y->x, out, b.y_bytes); /* what computing over x leaves there */
+                Lnorm__V1__Timings tm = LNORM__V1__TIMINGS__INIT;
+                tm.queue_us = 1;
+                tm.compute_us = 2;
+                tm.batch_rows = (uint64_t)s.rows;
+                tm.batch_requests = 1;
+                int rp = lnorm__codec_pack_y_in_place(m, y->x, b.y_bytes, b.request_id, &tm);
+                check(rp == LNORM_OK || rp == LNORM_ENOMEM, "in-place reply refused");
+                if (rp == LNORM_OK) {
+                    Lnorm__V1__Response *r =
+                        lnorm__v1__response__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+                    check(r != NULL, "in-place reply does not decode");
+                    check(r->request_id == b.request_id, "in-place reply lost the request id");
+                    check(!r->status || r->status->code == 0, "in-place reply is not OK");
+                    check(r->body_case == LNORM__V1__RESPONSE__BODY_NORMALIZE && r->normalize &&
+                              r->normalize->y.len == b.y_bytes && !memcmp(r->normalize->y.data, out, b.y_bytes),
+                          "in-place reply does not carry y");
+                    lnorm__v1__response__free_unpacked(r, NULL);
+                }
+                free(out);
+            }
+        }
+    }
+    lnorm__codec_decoded_free(&b);
+    nng_msg_free(m);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const lnorm__limits lim = {
@@ -101,6 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   "accepted an unknown kind");
         }
     }
+    check_borrow(data, size, &lim, &d, rv);
     lnorm__codec_decoded_free(&d);
     return 0;
 }
