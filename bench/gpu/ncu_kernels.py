@@ -1,0 +1,46 @@
+"""Launch a few lnormd kernels once each, for Nsight Compute (scripts/device-ncu.sh).
+
+Cases: op, dtype, H at N x H = 2^27 (as bench/kernels.py), each with the bulk-copy kernels
+off and forced (lnorm_cuda_set_tuning "bulk" 0 / 2), after one warm-up launch.
+Usage: python3 bench/gpu/ncu_kernels.py LIB [op:dtype:H ...]
+"""
+import ctypes
+import sys
+
+import torch
+
+OPS = {"ln": 1, "rms": 2}
+DT = {"f32": (1, torch.float32), "f16": (2, torch.float16), "bf16": (3, torch.bfloat16)}
+
+
+def main():
+    lib = ctypes.CDLL(sys.argv[1])
+    f = lib.lnorm_cuda_norm
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    cases = sys.argv[2:] or ["ln:bf16:4096", "rms:f32:1024", "ln:bf16:16384", "ln:bf16:65536"]
+    for c in cases:
+        op, dt, H = c.split(":")
+        H = int(H)
+        code, tdt = DT[dt]
+        N = (1 << 27) // H
+        x = torch.randn(N, H, device="cuda").to(tdt)
+        y = torch.empty_like(x)
+        w = torch.randn(H, device="cuda").to(tdt)
+        b = torch.randn(H, device="cuda").to(tdt) if op == "ln" else None
+        for bulk in (0, 2):
+            lib.lnorm_cuda_set_tuning(b"bulk", bulk)
+            for _ in range(2):  # warm-up, then the profiled launch (ncu --launch-skip)
+                rc = f(OPS[op], code, 0, 0, N, H, 0, 0, x.data_ptr(), y.data_ptr(), None, None,
+                       w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0,
+                       torch.cuda.current_stream().cuda_stream)
+                assert rc == 0, rc
+            torch.cuda.synchronize()
+            print(f"launched {c} bulk={bulk}", flush=True)
+    lib.lnorm_cuda_set_tuning(b"bulk", 1)
+
+
+if __name__ == "__main__":
+    main()
