@@ -783,13 +783,24 @@ template <typename TX, typename TP, bool RMS, int NCH> struct FastGC {
  * gcache/bcache/cs: the thread's cached parameter chunks and the segment
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC>
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], float *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
                                          const lnorm__kseg *&cs)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
+    /* F32REG: the row's chunks converted to fp32 once, kept in registers
+     * for the three passes (the bulk kernels, where registers are not
+     * what holds bytes in flight; the conversions were a measurable part
+     * of the instructions of 16-bit LayerNorm, ncu 2026-11-30: SM 69% busy
+     * at 50% of DRAM). The values, hence the bits, are the same. */
+    float fv[F32REG ? NCH : 1][F32REG ? VEC : 1];
+    if constexpr (F32REG) {
+#pragma unroll
+        for (int j = 0; j < NCH; j++)
+            unpack<TX>(raw[j], fv[j]);
+    }
     float d = 0.0f;
     if constexpr (!RMS) {
         float sum = 0.0f;
@@ -797,7 +808,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
             float f[VEC];
+            if constexpr (F32REG) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                f[k] = fv[j][k];
+        } else {
             unpack<TX>(raw[j], f);
+        }
             if (c0 + VEC <= H) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
@@ -817,7 +834,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         float f[VEC];
-        unpack<TX>(raw[j], f);
+        if constexpr (F32REG) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                f[k] = fv[j][k];
+        } else {
+            unpack<TX>(raw[j], f);
+        }
         if (c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
@@ -866,7 +889,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         if (c0 >= H)
             continue;
         float f[VEC], g[VEC], b[VEC];
-        unpack<TX>(raw[j], f);
+        if constexpr (F32REG) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                f[k] = fv[j][k];
+        } else {
+            unpack<TX>(raw[j], f);
+        }
         if constexpr (GC) {
             unpack<TP>(gcache[j], g);
             unpack<TP>(bcache[j], b);
@@ -1135,7 +1164,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
             st = 0;
             phase ^= 1u;
         }
-        fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache,
+        fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, NCH * VEC <= 32>(raw, s, r, H, active, K, rank, t, red, cred,
+                                                                        par, gcache,
                                                         bcache, cs);
     }
     if constexpr (CL > 1)
