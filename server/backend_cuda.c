@@ -456,19 +456,13 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
         const lnorm_segment *d = &sl->dsegs[i];
         if (sl->plan[i].staged)
             continue;
-        /* y (and residual_out) would come back over their whole strided
-         * span, overwriting the padding between rows with what the device
-         * buffer holds there: copy row by row (2D) when rows are padded. */
+        /* y and residual_out come back row by row (2D: one contiguous
+         * copy when rows are not padded), so the padding between host rows
+         * is never overwritten with what the device buffer holds there. */
         size_t ysz = lnorm_dtype_size(s->y_dtype), xsz = lnorm_dtype_size(s->x_dtype);
-        if (s->y_stride == s->hidden) {
-            LNORM__CK(cudaMemcpyAsync(s->y, d->y, lnorm__span(s->rows, s->y_stride, s->hidden, s->y_dtype),
-                                      cudaMemcpyDeviceToHost, st),
-                      "cudaMemcpyAsync (y)");
-        } else {
-            LNORM__CK(cudaMemcpy2DAsync(s->y, (size_t)s->y_stride * ysz, d->y, (size_t)s->y_stride * ysz,
-                                        (size_t)s->hidden * ysz, (size_t)s->rows, cudaMemcpyDeviceToHost, st),
-                      "cudaMemcpy2DAsync (y)");
-        }
+        LNORM__CK(cudaMemcpy2DAsync(s->y, (size_t)s->y_stride * ysz, d->y, (size_t)s->y_stride * ysz,
+                                    (size_t)s->hidden * ysz, (size_t)s->rows, cudaMemcpyDeviceToHost, st),
+                  "cudaMemcpy2DAsync (y)");
         if (s->residual) {
             LNORM__CK(cudaMemcpy2DAsync(s->residual_out, (size_t)s->res_out_stride * xsz, d->residual_out,
                                         (size_t)s->res_out_stride * xsz, (size_t)s->hidden * xsz, (size_t)s->rows,

@@ -623,6 +623,32 @@ __global__ void __launch_bounds__(1024, 1) k_stream(const __grid_constant__ lnor
     }
 }
 
+/* The current device and its number of SMs. */
+static cudaError_t device_sms(int *dev, int *sms)
+{
+    cudaError_t e = cudaGetDevice(dev);
+    if (e != cudaSuccess)
+        return e;
+    return cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
+}
+
+/* Resident CTAs per SM of kern at block threads without dynamic shared
+ * memory (at least 1), cached per device in cache (one per kernel). */
+template <typename K> static cudaError_t cached_occupancy(K kern, int block, int dev, int (&cache)[64], int *occ)
+{
+    *occ = dev < 64 ? cache[dev] : 0;
+    if (*occ > 0)
+        return cudaSuccess;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kern, block, 0);
+    if (e != cudaSuccess)
+        return e;
+    if (*occ < 1)
+        *occ = 1;
+    if (dev < 64)
+        cache[dev] = *occ;
+    return cudaSuccess;
+}
+
 /* Launch one register tier; grid capped at a few waves of resident CTAs
  * (clusters: the number of co-resident clusters). Returns the CUDA error. */
 template <typename TX, int TPR, int NCH, int CL>
@@ -632,24 +658,15 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
     constexpr int RPC = BLOCK / TPR;
     static int cache[64]; /* per device: occupancy (CTAs/SM or clusters), 0 = unknown */
     int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     auto kern = k_reg<TX, TPR, NCH, CL>;
     if constexpr (CL == 1) {
-        int occ = dev < 64 ? cache[dev] : 0;
-        if (occ <= 0) {
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
-            if (e != cudaSuccess)
-                return e;
-            if (occ < 1)
-                occ = 1;
-            if (dev < 64)
-                cache[dev] = occ;
-        }
+        int occ = 0;
+        e = cached_occupancy(kern, BLOCK, dev, cache, &occ);
+        if (e != cudaSuccess)
+            return e;
         const int64_t need = (p->total_rows + RPC - 1) / RPC;
         const int64_t cap = (int64_t)sms * occ * 4;
         const unsigned grid = (unsigned)(need < cap ? need : cap);
@@ -694,10 +711,7 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
 template <typename TX> static cudaError_t launch_stream(const lnorm__kparams *p, cudaStream_t st)
 {
     int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     const int64_t cap = (int64_t)sms * 2;
@@ -1090,7 +1104,7 @@ template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
 __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH>::min_blocks)
     k_bulk(const __grid_constant__ lnorm__kparams p, int stages)
 {
-    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int BLOCK = BulkShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     static_assert(CL == 1 || RPC == 1, "a cluster tier holds one row per CTA");
@@ -1186,15 +1200,12 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
 static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
 {
-    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int BLOCK = BulkShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
     static int occ_cache[64];
     static int attr_set[64];
     int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     auto kern = k_bulk<TX, TP, RMS, TPR, NCH, CL>;
@@ -1211,17 +1222,10 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         if (dev < 64)
             attr_set[dev] = 1;
     }
-    int occ = dev < 64 ? occ_cache[dev] : 0;
-    if (occ <= 0) {
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            return cudaErrorInvalidValue;
-        }
-        if (occ < 1)
-            occ = 1;
-        if (dev < 64)
-            occ_cache[dev] = occ;
+    int occ = 0;
+    if (cached_occupancy(kern, BLOCK, dev, occ_cache, &occ) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cudaErrorInvalidValue;
     }
     if (lnorm__bulk_ctas_override > 0 && lnorm__bulk_ctas_override < occ)
         occ = lnorm__bulk_ctas_override;
@@ -1294,23 +1298,14 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     constexpr int RPC = BLOCK / TPR;
     static int cache[64];
     int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     auto kern = k_fast<TX, TP, RMS, TPR, NCH>;
-    int occ = dev < 64 ? cache[dev] : 0;
-    if (occ <= 0) {
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
-        if (e != cudaSuccess)
-            return e;
-        if (occ < 1)
-            occ = 1;
-        if (dev < 64)
-            cache[dev] = occ;
-    }
+    int occ = 0;
+    e = cached_occupancy(kern, BLOCK, dev, cache, &occ);
+    if (e != cudaSuccess)
+        return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
     const int64_t cap = (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
@@ -1331,7 +1326,7 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
     const bool pf32 = (v == LNORM__FAST_LN_PF32 || v == LNORM__FAST_RMS_PF32) && !std::is_same<TX, float>::value;
     *handled = true;
 #if LNORM_CUDA_BULK
-    if ((p->fast & LNORM__FAST_BULK) && lnorm__bulk_enabled) {
+    if (p->fast & LNORM__FAST_BULK) { /* set by the host only while bulk is enabled */
         cudaError_t e;
         if (pf32)
             e = rms ? launch_bulk<TX, float, true, TPR, NCH, CL>(p, st) : launch_bulk<TX, float, false, TPR, NCH, CL>(p, st);
