@@ -58,6 +58,10 @@ extern int lnorm__bulk_enabled;
 extern int lnorm__bulk_stages_override;
 extern int lnorm__bulk_ctas_override;
 extern int lnorm__bulk_smem_kb;
+/* Grid of the one-CTA fast kernels (k_fast): 0 chosen by tier (one tile
+ * per CTA from 1 KiB rows up, persistent CTAs below), 1 persistent (a few
+ * waves of resident CTAs looping over the tiles), 2 one tile per CTA. */
+extern int lnorm__fast_grid;
 /* Launches that ran the bulk kernels, and bulk launches that fell back to
  * the kernels without bulk copies (lnorm_cuda_stat). */
 extern long lnorm__bulk_launches;
@@ -90,7 +94,7 @@ typedef struct lnorm__kparams {
     X(6, 64, 4, 1)       \
     X(7, 128, 4, 1)      \
     X(8, 256, 4, 1)      \
-    X(9, 256, 8, 1)      \
+    X(9, 512, 4, 1)      \
     X(10, 256, 8, 2)     \
     X(11, 256, 8, 4)     \
     X(12, 256, 8, 8)     \

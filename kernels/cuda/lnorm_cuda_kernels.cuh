@@ -744,7 +744,7 @@ template <typename TX> static cudaError_t launch_stream(const lnorm__kparams *p,
  * the cache, bf16 LayerNorm was 2-5% faster at H = 256..4096 and bf16
  * RMSNorm 7-14% slower (its cache costs registers the RMS loop needs). */
 #ifndef LNORM_CUDA_FAST_GCACHE
-#define LNORM_CUDA_FAST_GCACHE 1
+#define LNORM_CUDA_FAST_GCACHE 0 /* 2026-11-30: off; k_fast without register caps and the cache was faster */
 #endif
 
 /* The raw 16-byte parameter chunk at column c0 (TP as wide as x), through
@@ -937,8 +937,13 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
     return isfinite(k) ? k : 0.0f;
 }
 
+/* k_fast takes the registers it needs (no minimum of resident CTAs): the
+ * register caps of k_reg made it spill (ptxas -warn-spills: 36-40 bytes in
+ * every 16-bit LayerNorm tier), and without them it was 5-18% faster at
+ * the same bits (bench/gpu/kexp.cu, H200, 2026-11-30). The row is
+ * converted to fp32 once (F32REG). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
-__global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>::min_blocks)
+__global__ void __launch_bounds__(RegShape<TPR, NCH>::block)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
@@ -966,8 +971,8 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         for (int j = 0; j < NCH; j++)
             raw[j] = load_raw<TX>(xr, (j * TPR + t) * VEC, H, xal);
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC>(raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache,
-                                                       bcache, cs);
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, true>(raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache,
+                                                             bcache, cs);
     }
 }
 
@@ -1290,7 +1295,11 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     }
 }
 
-/* Launch the fast kernel of one CL == 1 tier (grid as launch_reg's). */
+/* Launch the fast kernel of one CL == 1 tier. Grid (lnorm__fast_grid):
+ * one tile per CTA for tiers of 1 KiB rows and more (the block scheduler
+ * starts a new CTA, with its loads, as soon as one finishes: +3-10% at
+ * H >= 1024 in bench/gpu/kexp.cu on the H200), persistent CTAs (4 waves)
+ * for smaller rows (+4% at H = 256). The grid never changes the bits. */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
 static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
@@ -1307,7 +1316,8 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     if (e != cudaSuccess)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
-    const int64_t cap = (int64_t)sms * occ * 4;
+    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && TPR * NCH * 16 >= 1024);
+    int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
     return cudaGetLastError();

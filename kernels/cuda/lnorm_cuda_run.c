@@ -71,6 +71,7 @@ int lnorm__bulk_enabled = 1;
 int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
 int lnorm__bulk_smem_kb = 64;
+int lnorm__fast_grid = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 
@@ -95,6 +96,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_ctas_override = value;
     else if (!strcmp(name, "bulk_smem_kb") && value >= 16 && value <= 200)
         lnorm__bulk_smem_kb = value;
+    else if (!strcmp(name, "fast_grid") && value >= 0 && value <= 2)
+        lnorm__fast_grid = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;
@@ -108,20 +111,23 @@ static int lnorm__bulk_ok(const lnorm_segment *s)
     return ((uintptr_t)s->x % 16) == 0 && ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->hidden * xs) % 16 == 0;
 }
 
-/* Where the bulk kernels beat k_fast (H200, bench/results/kernels-2026-11-29-bulk.json,
- * bit-identical either way): every cluster tier (k_fast has none; 1.4-1.8x
- * the general cluster kernel), and the 4-chunk one-CTA tiers for LayerNorm
- * with 16-bit x (+8-22%) or f32 x from 64 threads per row (H >= 1024,
- * +2-5%). RMSNorm and small-H f32 LayerNorm stay on k_fast (3-7% faster
- * there), and so does the 8-chunk one-CTA tier (k_bulk holds one 256-thread
- * CTA per SM there and fell to 0.25-0.55 of copy). */
+/* Where the bulk kernels beat k_fast (H200; bit-identical either way):
+ * every cluster tier (k_fast has none; 1.4-1.8x the general cluster
+ * kernel), and LayerNorm with 16-bit x in the 4-chunk tiers of 128 and 256
+ * threads per row (H 2049-8192 in bf16/f16): there the copies staged in
+ * shared memory keep more bytes in flight than k_fast's registers
+ * (bench/gpu/kexp.cu on the H200, 2026-11-30: bf16 H = 4096 3550 against
+ * 3466 GB/s, 8192 3512 against 3290). Everywhere else k_fast, without
+ * register caps and with one tile per CTA, was as fast or faster (bf16
+ * LayerNorm H = 1024: 3657 against 3487; f32 LayerNorm H = 1024: 4019
+ * against 3693; RMSNorm 3-15%). */
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
     if (lnorm__tier_cl[tier] > 1)
         return 1;
-    if (lnorm__tier_nch[tier] != 4 || s->op != LNORM_OP_LAYERNORM)
+    if (lnorm__tier_nch[tier] != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
-    return s->x_dtype != LNORM_DTYPE_F32 || lnorm__tier_tpr[tier] >= 64;
+    return lnorm__tier_tpr[tier] >= 128 && lnorm__tier_tpr[tier] <= 256;
 }
 
 /* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
