@@ -779,6 +779,23 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
             v[k] = fill;
         return;
     }
+    constexpr int S = Sub<TP, N>::value;
+    if constexpr (S * sizeof(TP) == 16) {
+        /* Read-only (non-coherent) 16-byte loads: gamma/beta are not
+         * written during a launch, so the compiler may issue them early,
+         * ahead of the stores of y. */
+        if (al && c0 + N <= H) {
+#pragma unroll
+            for (int s = 0; s < N; s += S) {
+                Raw<TP> r;
+                r.u = __ldg(reinterpret_cast<const uint4 *>(p + c0 + s));
+#pragma unroll
+                for (int k = 0; k < S; k++)
+                    v[s + k] = to_f<TP>(r.e[k]);
+            }
+            return;
+        }
+    }
     load_chunk<TP, N>(p, c0, H, al, v);
 }
 
@@ -923,10 +940,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
         }
         store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
-#if LNORM_CUDA_EMIT_BARRIER
-        if constexpr (!GC)
-            asm volatile("" ::: "memory");
-#endif
     }
 }
 
@@ -937,13 +950,25 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
     return isfinite(k) ? k : 0.0f;
 }
 
-/* k_fast takes the registers it needs (no minimum of resident CTAs): the
- * register caps of k_reg made it spill (ptxas -warn-spills: 36-40 bytes in
- * every 16-bit LayerNorm tier), and without them it was 5-18% faster at
- * the same bits (bench/gpu/kexp.cu, H200, 2026-11-30). The row is
- * converted to fp32 once (F32REG). */
+/* k_fast: 64 registers a thread (2048 resident threads an SM), the row
+ * converted to fp32 once (F32REG), gamma/beta through read-only loads
+ * (load_param) with no ordering barrier. The design was measured before it
+ * was written here (bench/gpu/kexp.cu, H200, 2026-11-30, round 2): at 64
+ * registers and 8 CTAs an SM the same arithmetic ran bf16 LayerNorm at
+ * 3781-3860 GB/s for H = 1024-4096, against 3000-3650 at 80-90 registers
+ * (5 CTAs) and 2000-3100 where the gamma cache or the caps of k_reg made
+ * it spill. */
+#ifndef LNORM_CUDA_FAST_REGS
+#define LNORM_CUDA_FAST_REGS 64 /* register budget of k_fast, a thread */
+#endif
+template <int TPR, int NCH> struct FastShape {
+    static constexpr int block = RegShape<TPR, NCH>::block;
+    static constexpr int min_blocks =
+        65536 / (block * LNORM_CUDA_FAST_REGS) > 0 ? 65536 / (block * LNORM_CUDA_FAST_REGS) : 1;
+};
+
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
-__global__ void __launch_bounds__(RegShape<TPR, NCH>::block)
+__global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
@@ -1299,7 +1324,8 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
  * one tile per CTA for tiers of 1 KiB rows and more (the block scheduler
  * starts a new CTA, with its loads, as soon as one finishes: +3-10% at
  * H >= 1024 in bench/gpu/kexp.cu on the H200), persistent CTAs (4 waves)
- * for smaller rows (+4% at H = 256). The grid never changes the bits. */
+ * for smaller rows (+4% at H = 256) and for 1024-thread CTAs (+4%). The
+ * grid never changes the bits. */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
 static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
@@ -1316,7 +1342,7 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     if (e != cudaSuccess)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
-    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && TPR * NCH * 16 >= 1024);
+    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && TPR * NCH * 16 >= 1024 && BLOCK < 1024);
     int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);

@@ -345,7 +345,7 @@ static const mixdef g_mix[] = {
     /* large: direct */
     {LN, F32, F32, F32, 64, 1024, 0, 1, 1, 1},    /* 1 MiB, shared params */
     {LN, BF16, BF16, BF16, 40, 4096, 3, 0, 1, 2}, /* padded, shared bf16 params */
-    {RMS, F16, F32, F16, 16, 20000, 0, 1, 1, 0},  /* a cluster tier */
+    {RMS, F16, F32, F16, 16, 40000, 0, 1, 1, 0},  /* a cluster tier */
     {LN, F32, F32, F32, 1, 70000, 0, 0, 1, 0},
     /* small again, after the large ones */
     {LN, BF16, BF16, F32, 1, 1024, 0, 0, 1, 1},

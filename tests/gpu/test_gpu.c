@@ -430,7 +430,7 @@ static void batch_invariance(lnorm_rng *g)
  * (bulk off). */
 static void bulk_pipeline(lnorm_rng *g, int quick)
 {
-    static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 40000};
+    static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 20000, 40000};
     static const struct {
         const char *name;
         int bulk, stages, ctas, grid;
@@ -466,7 +466,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     const int64_t vec = 16 / (int64_t)lnorm_dtype_size(dts[xi]);
                     const int64_t chunks = (c.hidden + vec - 1) / vec;
                     int64_t tpr = 1;
-                    while (tpr * 4 < chunks && tpr < 512)
+                    while (tpr * 4 < chunks && tpr < 1024)
                         tpr *= 2;
                     const int64_t rpc = tpr >= 128 ? 1 : 128 / tpr;
                     c.rows = (int64_t)sms * rpc * (quick ? 3 : 5) + 3;
