@@ -59,7 +59,7 @@ extern int lnorm__bulk_stages_override;
 extern int lnorm__bulk_ctas_override;
 extern int lnorm__bulk_smem_kb;
 /* Grid of the one-CTA fast kernels (k_fast): 0 chosen by tier (one tile
- * per CTA from 1 KiB rows up, persistent CTAs below), 1 persistent (a few
+ * per CTA, persistent CTAs for 1024-thread CTAs), 1 persistent (a few
  * waves of resident CTAs looping over the tiles), 2 one tile per CTA. */
 extern int lnorm__fast_grid;
 /* Launches that ran the bulk kernels, and bulk launches that fell back to

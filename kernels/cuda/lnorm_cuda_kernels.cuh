@@ -799,10 +799,15 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
     load_chunk<TP, N>(p, c0, H, al, v);
 }
 
-/* Whether the fast path keeps a row's gamma/beta chunks in registers. */
-template <typename TX, typename TP, bool RMS, int NCH> struct FastGC {
-    static constexpr bool value = (LNORM_CUDA_FAST_GCACHE >= 2 || (LNORM_CUDA_FAST_GCACHE == 1 && !RMS)) &&
-                                  sizeof(TP) == sizeof(TX) && NCH <= 4;
+/* Whether the fast path keeps a row's gamma/beta chunks in registers
+ * (k_fast: LNORM_CUDA_FAST_GCACHE; the bulk kernels, BULK true, whose
+ * 128-register budget holds them: LNORM_CUDA_BULK_GCACHE). */
+#ifndef LNORM_CUDA_BULK_GCACHE
+#define LNORM_CUDA_BULK_GCACHE 1 /* LayerNorm: bf16 H = 4096 3518 GB/s with, 2773 without (H200) */
+#endif
+template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct FastGC {
+    static constexpr int mode = BULK ? LNORM_CUDA_BULK_GCACHE : LNORM_CUDA_FAST_GCACHE;
+    static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
 /* The fast path's arithmetic for one row, shared by k_fast (rows loaded
@@ -821,11 +826,15 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                                          const lnorm__kseg *&cs)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
-    /* F32REG: the row's chunks converted to fp32 once, kept in registers
-     * for the three passes (the bulk kernels, where registers are not
-     * what holds bytes in flight; the conversions were a measurable part
-     * of the instructions of 16-bit LayerNorm, ncu 2026-11-30: SM 69% busy
-     * at 50% of DRAM). The values, hence the bits, are the same. */
+    /* F32REG: the row converted to fp32 once and kept in registers, where
+     * each pass leaves its result in place: h - K after the first pass,
+     * (h - K) - d after the second (masked columns 0), so the output pass
+     * is one multiply and one fma an element. Without F32REG (rows too
+     * long for the registers) every pass converts the raw chunks again and
+     * recomputes (h - K) - d. Either way the operations on a value, hence
+     * the bits, are the same (3 FP operations an element fewer with it:
+     * the instruction count is what bounds 16-bit LayerNorm, ncu
+     * 2026-11-30: SM 69% busy at 50% of DRAM). */
     float fv[F32REG ? NCH : 1][F32REG ? VEC : 1];
     if constexpr (F32REG) {
 #pragma unroll
@@ -838,22 +847,25 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            float f[VEC];
             if constexpr (F32REG) {
+                const bool full = c0 + VEC <= H;
 #pragma unroll
-            for (int k = 0; k < VEC; k++)
-                f[k] = fv[j][k];
-        } else {
-            unpack<TX>(raw[j], f);
-        }
-            if (c0 + VEC <= H) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    sum += f[k] - K;
+                for (int k = 0; k < VEC; k++) {
+                    fv[j][k] = (full || c0 + k < H) ? fv[j][k] - K : 0.0f;
+                    sum += fv[j][k];
+                }
             } else {
+                float f[VEC];
+                unpack<TX>(raw[j], f);
+                if (c0 + VEC <= H) {
 #pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    sum += (c0 + k < H) ? f[k] - K : 0.0f;
+                    for (int k = 0; k < VEC; k++)
+                        sum += f[k] - K;
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        sum += (c0 + k < H) ? f[k] - K : 0.0f;
+                }
             }
         }
         sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
@@ -864,25 +876,31 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-        float f[VEC];
         if constexpr (F32REG) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                f[k] = fv[j][k];
-        } else {
-            unpack<TX>(raw[j], f);
-        }
-        if (c0 + VEC <= H) {
+            const bool full = c0 + VEC <= H;
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                const float e = RMS ? f[k] : (f[k] - K) - d;
-                sq = __fmaf_rn(e, e, sq);
+                if constexpr (!RMS)
+                    fv[j][k] = (full || c0 + k < H) ? fv[j][k] - d : 0.0f;
+                else
+                    fv[j][k] = (full || c0 + k < H) ? fv[j][k] : 0.0f;
+                sq = __fmaf_rn(fv[j][k], fv[j][k], sq);
             }
         } else {
+            float f[VEC];
+            unpack<TX>(raw[j], f);
+            if (c0 + VEC <= H) {
 #pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
-                sq = __fmaf_rn(e, e, sq);
+                for (int k = 0; k < VEC; k++) {
+                    const float e = RMS ? f[k] : (f[k] - K) - d;
+                    sq = __fmaf_rn(e, e, sq);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
+                    sq = __fmaf_rn(e, e, sq);
+                }
             }
         }
     }
@@ -919,13 +937,19 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         if (c0 >= H)
             continue;
-        float f[VEC], g[VEC], b[VEC];
+#if LNORM_CUDA_EMIT_BARRIER
+        asm volatile("" ::: "memory");
+#endif
+        float e[VEC], g[VEC], b[VEC];
         if constexpr (F32REG) {
 #pragma unroll
             for (int k = 0; k < VEC; k++)
-                f[k] = fv[j][k];
+                e[k] = fv[j][k];
         } else {
-            unpack<TX>(raw[j], f);
+            unpack<TX>(raw[j], e);
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                e[k] = RMS ? e[k] : (e[k] - K) - d;
         }
         if constexpr (GC) {
             unpack<TP>(gcache[j], g);
@@ -936,10 +960,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            const float n = __fmul_rn(RMS ? f[k] : (f[k] - K) - d, rstd);
-            f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
+            const float n = __fmul_rn(e[k], rstd);
+            e[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
         }
-        store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+        store_raw<TX>(yr, c0, H, yal, pack<TX>(e));
     }
 }
 
@@ -959,15 +983,18 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
  * (5 CTAs) and 2000-3100 where the gamma cache or the caps of k_reg made
  * it spill. */
 #ifndef LNORM_CUDA_FAST_REGS
-#define LNORM_CUDA_FAST_REGS 64 /* register budget of k_fast, a thread */
+#define LNORM_CUDA_FAST_REGS 72 /* register budget of k_fast in 128-thread CTAs (larger CTAs: 64) */
 #endif
 template <int TPR, int NCH> struct FastShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int min_blocks =
-        65536 / (block * LNORM_CUDA_FAST_REGS) > 0 ? 65536 / (block * LNORM_CUDA_FAST_REGS) : 1;
+    static constexpr int regs = block == 128 ? LNORM_CUDA_FAST_REGS : 64;
+    static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
 
-template <typename TX, typename TP, bool RMS, int TPR, int NCH>
+/* MULTI: the launch has a segment table (else the one inline segment,
+ * whose fields the compiler then reads from the parameter bank when it
+ * needs them instead of holding them in registers). */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI>
 __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
@@ -978,7 +1005,6 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
     constexpr int NGC = GC ? NCH : 1;
     __shared__ float red[2][BLOCK / 32];
     const int t = (int)(threadIdx.x % TPR);
-    const bool multi = p.table != nullptr; /* uniform */
     int par = 0;
     uint4 gcache[NGC], bcache[NGC];
     const lnorm__kseg *cs = nullptr; /* segment whose parameters are cached */
@@ -986,7 +1012,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
         const int64_t row = base + threadIdx.x / TPR;
         const bool active = row < p.total_rows;
         const int64_t rr = active ? row : p.total_rows - 1;
-        const lnorm__kseg *s = multi ? find_seg(p, rr) : &p.one;
+        const lnorm__kseg *s = MULTI ? find_seg(p, rr) : &p.one;
         const int64_t r = rr - s->row_begin;
         const int H = active ? (int)s->hidden : 0;
         const TX *xr = (const TX *)s->x + r * s->x_stride;
@@ -1138,7 +1164,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     static_assert(CL == 1 || RPC == 1, "a cluster tier holds one row per CTA");
-    constexpr bool GC = FastGC<TX, TP, RMS, NCH>::value;
+    constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
@@ -1321,28 +1347,28 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
 }
 
 /* Launch the fast kernel of one CL == 1 tier. Grid (lnorm__fast_grid):
- * one tile per CTA for tiers of 1 KiB rows and more (the block scheduler
- * starts a new CTA, with its loads, as soon as one finishes: +3-10% at
- * H >= 1024 in bench/gpu/kexp.cu on the H200), persistent CTAs (4 waves)
- * for smaller rows (+4% at H = 256) and for 1024-thread CTAs (+4%). The
- * grid never changes the bits. */
+ * one tile per CTA (the block scheduler starts a new CTA, with its loads,
+ * as soon as one finishes: 3-10% faster than 4 waves of persistent CTAs
+ * at most sizes, bench/results/kernels-2026-11-30-6730fed.json, H200),
+ * persistent CTAs for the 1024-thread tier (2-4% faster there). The grid
+ * never changes the bits. */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
 static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
-    static int cache[64];
+    static int cache[64], cache1[64]; /* occupancy with a table, with one segment */
     int dev = 0, sms = 0;
     cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
-    auto kern = k_fast<TX, TP, RMS, TPR, NCH>;
+    auto kern = p->table ? k_fast<TX, TP, RMS, TPR, NCH, true> : k_fast<TX, TP, RMS, TPR, NCH, false>;
     int occ = 0;
-    e = cached_occupancy(kern, BLOCK, dev, cache, &occ);
+    e = cached_occupancy(kern, BLOCK, dev, p->table ? cache : cache1, &occ);
     if (e != cudaSuccess)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
-    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && TPR * NCH * 16 >= 1024 && BLOCK < 1024);
+    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && BLOCK < 1024);
     int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
