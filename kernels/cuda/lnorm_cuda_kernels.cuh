@@ -826,15 +826,11 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                                          const lnorm__kseg *&cs)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
-    /* F32REG: the row converted to fp32 once and kept in registers, where
-     * each pass leaves its result in place: h - K after the first pass,
-     * (h - K) - d after the second (masked columns 0), so the output pass
-     * is one multiply and one fma an element. Without F32REG (rows too
-     * long for the registers) every pass converts the raw chunks again and
-     * recomputes (h - K) - d. Either way the operations on a value, hence
-     * the bits, are the same (3 FP operations an element fewer with it:
-     * the instruction count is what bounds 16-bit LayerNorm, ncu
-     * 2026-11-30: SM 69% busy at 50% of DRAM). */
+    /* F32REG: the row's chunks converted to fp32 once, kept in registers
+     * for the three passes (the bulk kernels, where registers are not
+     * what holds bytes in flight; the conversions were a measurable part
+     * of the instructions of 16-bit LayerNorm, ncu 2026-11-30: SM 69% busy
+     * at 50% of DRAM). The values, hence the bits, are the same. */
     float fv[F32REG ? NCH : 1][F32REG ? VEC : 1];
     if constexpr (F32REG) {
 #pragma unroll
@@ -847,25 +843,22 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            float f[VEC];
             if constexpr (F32REG) {
-                const bool full = c0 + VEC <= H;
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    fv[j][k] = (full || c0 + k < H) ? fv[j][k] - K : 0.0f;
-                    sum += fv[j][k];
-                }
+            for (int k = 0; k < VEC; k++)
+                f[k] = fv[j][k];
+        } else {
+            unpack<TX>(raw[j], f);
+        }
+            if (c0 + VEC <= H) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    sum += f[k] - K;
             } else {
-                float f[VEC];
-                unpack<TX>(raw[j], f);
-                if (c0 + VEC <= H) {
 #pragma unroll
-                    for (int k = 0; k < VEC; k++)
-                        sum += f[k] - K;
-                } else {
-#pragma unroll
-                    for (int k = 0; k < VEC; k++)
-                        sum += (c0 + k < H) ? f[k] - K : 0.0f;
-                }
+                for (int k = 0; k < VEC; k++)
+                    sum += (c0 + k < H) ? f[k] - K : 0.0f;
             }
         }
         sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
@@ -876,31 +869,25 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+        float f[VEC];
         if constexpr (F32REG) {
-            const bool full = c0 + VEC <= H;
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                f[k] = fv[j][k];
+        } else {
+            unpack<TX>(raw[j], f);
+        }
+        if (c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                if constexpr (!RMS)
-                    fv[j][k] = (full || c0 + k < H) ? fv[j][k] - d : 0.0f;
-                else
-                    fv[j][k] = (full || c0 + k < H) ? fv[j][k] : 0.0f;
-                sq = __fmaf_rn(fv[j][k], fv[j][k], sq);
+                const float e = RMS ? f[k] : (f[k] - K) - d;
+                sq = __fmaf_rn(e, e, sq);
             }
         } else {
-            float f[VEC];
-            unpack<TX>(raw[j], f);
-            if (c0 + VEC <= H) {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = RMS ? f[k] : (f[k] - K) - d;
-                    sq = __fmaf_rn(e, e, sq);
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
-                    sq = __fmaf_rn(e, e, sq);
-                }
+            for (int k = 0; k < VEC; k++) {
+                const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
+                sq = __fmaf_rn(e, e, sq);
             }
         }
     }
@@ -937,19 +924,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         if (c0 >= H)
             continue;
-#if LNORM_CUDA_EMIT_BARRIER
-        asm volatile("" ::: "memory");
-#endif
-        float e[VEC], g[VEC], b[VEC];
+        float f[VEC], g[VEC], b[VEC];
         if constexpr (F32REG) {
 #pragma unroll
             for (int k = 0; k < VEC; k++)
-                e[k] = fv[j][k];
+                f[k] = fv[j][k];
         } else {
-            unpack<TX>(raw[j], e);
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                e[k] = RMS ? e[k] : (e[k] - K) - d;
+            unpack<TX>(raw[j], f);
         }
         if constexpr (GC) {
             unpack<TP>(gcache[j], g);
@@ -960,10 +941,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            const float n = __fmul_rn(e[k], rstd);
-            e[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
+            const float n = __fmul_rn(RMS ? f[k] : (f[k] - K) - d, rstd);
+            f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
         }
-        store_raw<TX>(yr, c0, H, yal, pack<TX>(e));
+        store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
     }
 }
 

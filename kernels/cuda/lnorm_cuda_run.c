@@ -113,21 +113,20 @@ static int lnorm__bulk_ok(const lnorm_segment *s)
 
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
  * every cluster tier (k_fast has none; 1.4-1.8x the general cluster
- * kernel), and LayerNorm with 16-bit x in the 4-chunk tiers of 128 and 256
- * threads per row (H 2049-8192 in bf16/f16): there the copies staged in
- * shared memory keep more bytes in flight than k_fast's registers
- * (bench/gpu/kexp.cu on the H200, 2026-11-30: bf16 H = 4096 3550 against
- * 3466 GB/s, 8192 3512 against 3290). Everywhere else k_fast, without
- * register caps and with one tile per CTA, was as fast or faster (bf16
- * LayerNorm H = 1024: 3657 against 3487; f32 LayerNorm H = 1024: 4019
- * against 3693; RMSNorm 3-15%). */
+ * kernel), and LayerNorm with 16-bit x in the 4-chunk tiers up to 512
+ * threads a row (H <= 16384 in bf16/f16; bench/results/
+ * kernels-2026-11-30-f32reg.json: 3490-3550 GB/s in bf16 at H = 128-8192,
+ * where k_fast ran 3100-3400 in kernels-2026-11-30-{6730fed,efbbaf2}.json;
+ * 3050 against 2920 at H = 16384). Not for f32 x (k_fast 4007-4021 GB/s
+ * at H = 1024-4096 against 3673-3682) nor RMSNorm (k_fast 3-13% faster),
+ * nor the 1024-thread tier (bulk 1247 against 2457). */
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
     if (lnorm__tier_cl[tier] > 1)
         return 1;
     if (lnorm__tier_nch[tier] != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
-    return lnorm__tier_tpr[tier] >= 128 && lnorm__tier_tpr[tier] <= 256;
+    return lnorm__tier_tpr[tier] <= 512;
 }
 
 /* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
