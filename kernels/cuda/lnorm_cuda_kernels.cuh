@@ -769,8 +769,10 @@ __device__ __forceinline__ uint4 load_param_raw(const TP *p, int c0, int H, bool
     return r.u;
 }
 
-/* N parameter values at column c0 as fp32 (any TP); absent -> fill. */
-template <typename TP, int N>
+/* N parameter values at column c0 as fp32 (any TP); absent -> fill. NC:
+ * read-only 16-byte loads where aligned (else the plain loads of
+ * load_chunk); the values are the same. */
+template <typename TP, int N, bool NC = true>
 __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, float fill, float (&v)[N])
 {
     if (p == nullptr) {
@@ -780,7 +782,7 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
         return;
     }
     constexpr int S = Sub<TP, N>::value;
-    if constexpr (S * sizeof(TP) == 16) {
+    if constexpr (NC && S * sizeof(TP) == 16) {
         /* Read-only (non-coherent) 16-byte loads: gamma/beta are not
          * written during a launch, so the compiler may issue them early,
          * ahead of the stores of y. */
@@ -826,6 +828,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                                          const lnorm__kseg *&cs)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
+    /* The 8-chunk (cluster) kernels read gamma/beta with plain loads, one
+     * chunk at a time behind a compiler barrier, as measured at ef6a1bd
+     * (H200, 2026-11-30 00:55): read-only loads without the barrier let the
+     * compiler hoist them, and bf16 RMSNorm in the bulk cluster kernels
+     * spilled more and ran 15-17% slower (e2e430e, 02:39). 4-chunk tiers:
+     * read-only loads, no barrier (k_fast's measured form). */
+    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
     /* F32REG: the row's chunks converted to fp32 once, kept in registers
      * for the three passes (the bulk kernels, where registers are not
      * what holds bytes in flight; the conversions were a measurable part
@@ -936,8 +945,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             unpack<TP>(gcache[j], g);
             unpack<TP>(bcache[j], b);
         } else {
-            load_param<TP, VEC>(gp, c0, H, gal, 1.0f, g);
-            load_param<TP, VEC>(bp, c0, H, bal, -0.0f, b);
+            load_param<TP, VEC, NC4>(gp, c0, H, gal, 1.0f, g);
+            load_param<TP, VEC, NC4>(bp, c0, H, bal, -0.0f, b);
         }
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
@@ -945,6 +954,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
         }
         store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+#if LNORM_CUDA_EMIT_BARRIER
+        if constexpr (!NC4)
+            asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
+#endif
     }
 }
 
