@@ -54,30 +54,13 @@ using namespace lnorm_cuda;
         }                                                                                        \
     } while (0)
 
-/* Sum over the TPR threads of a group (TPR <= 32: shuffles; more: shared
- * memory, double-buffered by par). */
+/* Sum over the TPR threads of a group: lnormd's group_sum without a
+ * cluster. */
 template <int TPR, int BLOCK> __device__ __forceinline__ float gsum(float v, float (*red)[BLOCK / 32], int par)
 {
-#pragma unroll
-    for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, m);
-    if constexpr (TPR > 32) {
-        constexpr int WPG = TPR / 32;
-        if ((threadIdx.x & 31) == 0)
-            red[par][threadIdx.x / 32] = v;
-        __syncthreads();
-        const int w0 = (int)(threadIdx.x / TPR) * WPG;
-        v = 0.0f;
-#pragma unroll
-        for (int i = 0; i < WPG; i++)
-            v += red[par][w0 + i];
-    }
-    return v;
+    return group_sum<TPR, BLOCK, 1>(v, red, nullptr, par);
 }
 
-/* The experimental row kernel: contiguous rows of H elements, RPC = BLOCK /
- * TPR rows per tile, tiles over a grid stride (grid = tiles: one tile per
- * CTA). LDCS: streaming loads; STCS: streaming stores. */
 /* A 16-byte load with the L2 256-byte prefetch hint. */
 __device__ __forceinline__ uint4 ld_l2pf(const void *p)
 {
