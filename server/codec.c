@@ -8,6 +8,7 @@
 
 #include "codec.h"
 #include "lnorm/errors.h"
+#include "lnorm_wire.h"
 
 static int lnorm__fail(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -191,62 +192,9 @@ int lnorm__codec_check_register(const Lnorm__V1__RegisterParamsRequest *r, const
 
 /* ---- the split: normalize.x and normalize.residual apart from the rest ---- */
 
-typedef struct lnorm__rd {
-    const uint8_t *p, *end;
-} lnorm__rd;
-
-static int lnorm__rd_varint(lnorm__rd *r, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
-        if (r->p >= r->end)
-            return -1;
-        uint8_t b = *r->p++;
-        x |= shift < 64 ? (uint64_t)(b & 0x7f) << shift : 0;
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* One field: its number and wire type, and for length-delimited fields its
- * bytes; the value is skipped. -1 on anything malformed or unusual (groups,
- * field 0): the caller then leaves the message to protobuf-c whole. */
-static int lnorm__rd_field(lnorm__rd *r, uint64_t *field, int *wt, const uint8_t **data, size_t *dlen)
-{
-    uint64_t key, v;
-    if (lnorm__rd_varint(r, &key) != 0)
-        return -1;
-    *field = key >> 3;
-    *wt = (int)(key & 7);
-    if (*field == 0)
-        return -1;
-    switch (*wt) {
-    case 0:
-        return lnorm__rd_varint(r, &v);
-    case 1:
-        if (r->end - r->p < 8)
-            return -1;
-        r->p += 8;
-        return 0;
-    case 5:
-        if (r->end - r->p < 4)
-            return -1;
-        r->p += 4;
-        return 0;
-    case 2:
-        if (lnorm__rd_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p))
-            return -1;
-        *data = r->p;
-        *dlen = (size_t)v;
-        r->p += v;
-        return 0;
-    default:
-        return -1;
-    }
-}
+/* The bytes are walked with proto/lnorm_wire.h; anything it rejects as
+ * malformed or unusual (groups, field 0, ...) makes lnorm__split_find fail,
+ * and the caller then leaves the message to protobuf-c whole. */
 
 typedef struct lnorm__split {
     const uint8_t *nf0, *nf1;      /* Request.normalize: key .. end of value */
@@ -263,42 +211,38 @@ typedef struct lnorm__split {
 static int lnorm__split_find(const uint8_t *buf, size_t len, lnorm__split *sp)
 {
     memset(sp, 0, sizeof *sp);
-    lnorm__rd r = {buf, buf + len};
+    lnorm__wire_rd r = lnorm__wire_reader(buf, len);
     int nn = 0;
     while (r.p < r.end) {
-        const uint8_t *f0 = r.p, *d = NULL;
-        size_t dn = 0;
-        uint64_t f;
-        int wt;
-        if (lnorm__rd_field(&r, &f, &wt, &d, &dn) != 0)
+        const uint8_t *f0 = r.p;
+        lnorm__wire_field fl;
+        if (lnorm__wire_next_field(&r, &fl) != 0)
             return -1;
-        if (f == 10) {
-            if (wt != 2 || nn++)
+        if (fl.num == 10) {
+            if (fl.wt != LNORM__WIRE_LEN || nn++)
                 return -1;
             sp->nf0 = f0;
             sp->nf1 = r.p;
-            sp->v0 = d;
-            sp->v1 = d + dn;
+            sp->v0 = fl.data;
+            sp->v1 = fl.data + fl.len;
         }
     }
     if (!nn)
         return -1;
-    lnorm__rd s = {sp->v0, sp->v1};
+    lnorm__wire_rd s = {sp->v0, sp->v1};
     while (s.p < s.end) {
-        const uint8_t *f0 = s.p, *d = NULL;
-        size_t dn = 0;
-        uint64_t f;
-        int wt;
-        if (lnorm__rd_field(&s, &f, &wt, &d, &dn) != 0)
+        const uint8_t *f0 = s.p;
+        lnorm__wire_field fl;
+        if (lnorm__wire_next_field(&s, &fl) != 0)
             return -1;
-        if (f == 8 || f == 9) {
-            int k = (int)(f - 8);
-            if (wt != 2 || sp->f0[k])
+        if (fl.num == 8 || fl.num == 9) {
+            int k = (int)(fl.num - 8);
+            if (fl.wt != LNORM__WIRE_LEN || sp->f0[k])
                 return -1;
             sp->f0[k] = f0;
             sp->f1[k] = s.p;
-            sp->data[k] = d;
-            sp->n[k] = dn;
+            sp->data[k] = fl.data;
+            sp->n[k] = fl.len;
         }
     }
     return sp->f0[0] || sp->f0[1] ? 0 : -1;

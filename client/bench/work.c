@@ -8,6 +8,7 @@
 
 #include "half.h"
 #include "lnorm.pb-c.h"
+#include "lnorm_wire.h"
 #include "lnorm/types.h"
 
 static uint64_t splitmix(uint64_t *s)
@@ -235,132 +236,59 @@ int lnorm__encode_drop(const char *id, void **buf, size_t *len)
     return 0;
 }
 
-/* ---- a minimal protobuf wire reader (only what a reply needs) ---------- */
-
-typedef struct rd {
-    const uint8_t *p, *end;
-} rd;
-
-static int rd_varint(rd *r, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (unsigned sh = 0; sh < 64; sh += 7) {
-        if (r->p >= r->end)
-            return -1;
-        uint8_t b = *r->p++;
-        x |= (uint64_t)(b & 0x7f) << sh;
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Next field: number, wire type, and for length-delimited fields the
- * payload; other types are consumed (their varint value in *v). */
-static int rd_field(rd *r, uint32_t *num, unsigned *wt, const uint8_t **data, size_t *len,
-                    uint64_t *v)
-{
-    uint64_t key;
-    if (rd_varint(r, &key))
-        return -1;
-    *num = (uint32_t)(key >> 3);
-    *wt = (unsigned)(key & 7);
-    switch (*wt) {
-    case 0:
-        return rd_varint(r, v);
-    case 1:
-        if (r->end - r->p < 8)
-            return -1;
-        r->p += 8;
-        return 0;
-    case 5:
-        if (r->end - r->p < 4)
-            return -1;
-        r->p += 4;
-        return 0;
-    case 2: {
-        uint64_t l;
-        if (rd_varint(r, &l) || l > (uint64_t)(r->end - r->p))
-            return -1;
-        *data = r->p;
-        *len = (size_t)l;
-        r->p += l;
-        return 0;
-    }
-    default:
-        return -1;
-    }
-}
+/* ---- reply scanning: the fields a reply needs (proto/lnorm_wire.h) ------ */
 
 int lnorm__reply_scan(const void *buf, size_t len, lnorm__reply *out)
 {
     memset(out, 0, sizeof(*out));
-    rd r = {buf, (const uint8_t *)buf + len};
+    lnorm__wire_rd r = lnorm__wire_reader(buf, len);
     while (r.p < r.end) {
-        uint32_t num;
-        unsigned wt;
-        const uint8_t *d = NULL;
-        size_t l = 0;
-        uint64_t v = 0;
-        if (rd_field(&r, &num, &wt, &d, &l, &v))
+        lnorm__wire_field f;
+        if (lnorm__wire_next_field(&r, &f))
             return -1;
-        if (wt != 2)
+        if (f.wt != LNORM__WIRE_LEN)
             continue;
-        rd s = {d, d + l};
-        if (num == 2) { /* Status */
+        lnorm__wire_rd s = lnorm__wire_reader(f.data, f.len);
+        if (f.num == 2) { /* Status */
             while (s.p < s.end) {
-                uint32_t n2;
-                unsigned w2;
-                const uint8_t *d2;
-                size_t l2;
-                uint64_t v2 = 0;
-                if (rd_field(&s, &n2, &w2, &d2, &l2, &v2))
+                lnorm__wire_field g;
+                if (lnorm__wire_next_field(&s, &g))
                     return -1;
-                if (n2 == 1 && w2 == 0)
-                    out->code = (int)v2;
+                if (g.num == 1 && g.wt == LNORM__WIRE_VARINT)
+                    out->code = (int)g.v;
             }
-        } else if (num == 3) { /* Timings */
+        } else if (f.num == 3) { /* Timings */
             out->has_timings = 1;
             while (s.p < s.end) {
-                uint32_t n2;
-                unsigned w2;
-                const uint8_t *d2;
-                size_t l2;
-                uint64_t v2 = 0;
-                if (rd_field(&s, &n2, &w2, &d2, &l2, &v2))
+                lnorm__wire_field g;
+                if (lnorm__wire_next_field(&s, &g))
                     return -1;
-                if (w2 != 0)
+                if (g.wt != LNORM__WIRE_VARINT)
                     continue;
-                if (n2 == 1)
-                    out->queue_us = v2;
-                else if (n2 == 2)
-                    out->compute_us = v2;
-                else if (n2 == 3)
-                    out->batch_rows = (uint32_t)v2;
-                else if (n2 == 4)
-                    out->batch_requests = (uint32_t)v2;
+                if (g.num == 1)
+                    out->queue_us = g.v;
+                else if (g.num == 2)
+                    out->compute_us = g.v;
+                else if (g.num == 3)
+                    out->batch_rows = (uint32_t)g.v;
+                else if (g.num == 4)
+                    out->batch_requests = (uint32_t)g.v;
             }
-        } else if (num == 10) { /* NormalizeResponse */
+        } else if (f.num == 10) { /* NormalizeResponse */
             while (s.p < s.end) {
-                uint32_t n2;
-                unsigned w2;
-                const uint8_t *d2 = NULL;
-                size_t l2 = 0;
-                uint64_t v2;
-                if (rd_field(&s, &n2, &w2, &d2, &l2, &v2))
+                lnorm__wire_field g;
+                if (lnorm__wire_next_field(&s, &g))
                     return -1;
-                if (w2 != 2)
+                if (g.wt != LNORM__WIRE_LEN)
                     continue;
-                if (n2 == 1)
-                    out->y = d2, out->y_len = l2;
-                else if (n2 == 2)
-                    out->mean = d2, out->mean_len = l2;
-                else if (n2 == 3)
-                    out->rstd = d2, out->rstd_len = l2;
-                else if (n2 == 4)
-                    out->res_out = d2, out->res_out_len = l2;
+                if (g.num == 1)
+                    out->y = g.data, out->y_len = g.len;
+                else if (g.num == 2)
+                    out->mean = g.data, out->mean_len = g.len;
+                else if (g.num == 3)
+                    out->rstd = g.data, out->rstd_len = g.len;
+                else if (g.num == 4)
+                    out->res_out = g.data, out->res_out_len = g.len;
             }
         }
     }
