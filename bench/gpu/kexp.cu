@@ -39,6 +39,7 @@ int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
 int lnorm__bulk_smem_kb = 64;
 int lnorm__fast_grid = 0;
+int lnorm__fast_aligned = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 }

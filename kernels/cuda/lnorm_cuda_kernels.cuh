@@ -633,8 +633,8 @@ static cudaError_t device_sms(int *dev, int *sms)
 }
 
 /* Resident CTAs per SM of kern at block threads without dynamic shared
- * memory (at least 1), cached per device in cache (one per kernel). */
-template <typename K> static cudaError_t cached_occupancy(K kern, int block, int dev, int (&cache)[64], int *occ)
+ * memory (at least 1), cached per device in cache[64] (one per kernel). */
+template <typename K> static cudaError_t cached_occupancy(K kern, int block, int dev, int *cache, int *occ)
 {
     *occ = dev < 64 ? cache[dev] : 0;
     if (*occ > 0)
@@ -801,6 +801,29 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
     load_chunk<TP, N>(p, c0, H, al, v);
 }
 
+/* N parameter values at an aligned column c0 whose chunk lies inside the
+ * row (the AL form of k_fast): 16-byte read-only loads, no masks; absent
+ * -> fill. */
+template <typename TP, int N> __device__ __forceinline__ void load_param_full(const TP *p, int c0, float fill, float (&v)[N])
+{
+    constexpr int S = Sub<TP, N>::value;
+    static_assert(S * sizeof(TP) == 16, "16-byte parameter chunks");
+    if (p == nullptr) {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            v[k] = fill;
+        return;
+    }
+#pragma unroll
+    for (int s = 0; s < N; s += S) {
+        Raw<TP> r;
+        r.u = __ldg(reinterpret_cast<const uint4 *>(p + c0 + s));
+#pragma unroll
+        for (int k = 0; k < S; k++)
+            v[s + k] = to_f<TP>(r.e[k]);
+    }
+}
+
 /* Whether the fast path keeps a row's gamma/beta chunks in registers
  * (k_fast: LNORM_CUDA_FAST_GCACHE; the bulk kernels, BULK true, whose
  * 128-register budget holds them: LNORM_CUDA_BULK_GCACHE). */
@@ -821,7 +844,8 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
  * gcache/bcache/cs: the thread's cached parameter chunks and the segment
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false>
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
+          bool AL = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], float *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
@@ -860,11 +884,11 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         } else {
             unpack<TX>(raw[j], f);
         }
-            if (c0 + VEC <= H) {
+            if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     sum += f[k] - K;
-            } else {
+            } else if (!AL) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     sum += (c0 + k < H) ? f[k] - K : 0.0f;
@@ -886,13 +910,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         } else {
             unpack<TX>(raw[j], f);
         }
-        if (c0 + VEC <= H) {
+        if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = RMS ? f[k] : (f[k] - K) - d;
                 sq = __fmaf_rn(e, e, sq);
             }
-        } else {
+        } else if (!AL) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
@@ -944,6 +968,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         if constexpr (GC) {
             unpack<TP>(gcache[j], g);
             unpack<TP>(bcache[j], b);
+        } else if constexpr (AL) {
+            load_param_full<TP, VEC>(gp, c0, 1.0f, g);
+            load_param_full<TP, VEC>(bp, c0, -0.0f, b);
         } else {
             load_param<TP, VEC, NC4>(gp, c0, H, gal, 1.0f, g);
             load_param<TP, VEC, NC4>(bp, c0, H, bal, -0.0f, b);
@@ -953,7 +980,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             const float n = __fmul_rn(RMS ? f[k] : (f[k] - K) - d, rstd);
             f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
         }
-        store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+        if constexpr (AL)
+            *reinterpret_cast<uint4 *>(yr + c0) = pack<TX>(f);
+        else
+            store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
 #if LNORM_CUDA_EMIT_BARRIER
         if constexpr (!NC4)
             asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
@@ -987,8 +1017,13 @@ template <int TPR, int NCH> struct FastShape {
 
 /* MULTI: the launch has a segment table (else the one inline segment,
  * whose fields the compiler then reads from the parameter bank when it
- * needs them instead of holding them in registers). */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI>
+ * needs them instead of holding them in registers). AL (one segment only,
+ * lnorm_cuda_set_tuning("fast_aligned", 1)): x, y, gamma and beta 16-byte aligned,
+ * strides and H whole 16-byte units, so every chunk is either inside the
+ * row (one vector access) or outside it (skipped): straight-line vector
+ * code without the element-by-element fallbacks. Same operations, same
+ * bits. */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI, bool AL = false>
 __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
@@ -1013,11 +1048,16 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
         const bool xal = ((uintptr_t)xr & 15) == 0;
         uint4 raw[NCH];
 #pragma unroll
-        for (int j = 0; j < NCH; j++)
-            raw[j] = load_raw<TX>(xr, (j * TPR + t) * VEC, H, xal);
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = (j * TPR + t) * VEC;
+            if constexpr (AL)
+                raw[j] = c0 < H ? __ldcs(reinterpret_cast<const uint4 *>(xr + c0)) : make_uint4(0u, 0u, 0u, 0u);
+            else
+                raw[j] = load_raw<TX>(xr, c0, H, xal);
+        }
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, true>(raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache,
-                                                             bcache, cs);
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, true, AL>(raw, s, r, H, active, K, 0, t, red, nullptr, par,
+                                                                 gcache, bcache, cs);
     }
 }
 
@@ -1340,6 +1380,19 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     }
 }
 
+/* Whether a one-segment launch qualifies for k_fast's AL form (used when
+ * lnorm__fast_aligned is set). */
+template <typename TX, typename TP> static bool fast_aligned(const lnorm__kparams *p)
+{
+    if (p->table)
+        return false;
+    const lnorm__kseg &o = p->one;
+    const int64_t xs = (int64_t)sizeof(TX);
+    auto al = [](const void *q) { return ((uintptr_t)q & 15) == 0; };
+    return (o.hidden * xs) % 16 == 0 && (o.x_stride * xs) % 16 == 0 && (o.y_stride * xs) % 16 == 0 && al(o.x) &&
+           al(o.y) && (o.gamma == nullptr || al(o.gamma)) && (o.beta == nullptr || al(o.beta));
+}
+
 /* Launch the fast kernel of one CL == 1 tier. Grid (lnorm__fast_grid):
  * one tile per CTA (the block scheduler starts a new CTA, with its loads,
  * as soon as one finishes: 3-10% faster than 4 waves of persistent CTAs
@@ -1357,8 +1410,14 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     if (e != cudaSuccess)
         return e;
     auto kern = p->table ? k_fast<TX, TP, RMS, TPR, NCH, true> : k_fast<TX, TP, RMS, TPR, NCH, false>;
+    int *occ_cache = p->table ? cache : cache1;
+    static int cache2[64];
+    if (lnorm__fast_aligned && fast_aligned<TX, TP>(p)) {
+        kern = k_fast<TX, TP, RMS, TPR, NCH, false, true>;
+        occ_cache = cache2;
+    }
     int occ = 0;
-    e = cached_occupancy(kern, BLOCK, dev, p->table ? cache : cache1, &occ);
+    e = cached_occupancy(kern, BLOCK, dev, occ_cache, &occ);
     if (e != cudaSuccess)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;

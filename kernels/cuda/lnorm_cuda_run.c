@@ -72,6 +72,7 @@ int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
 int lnorm__bulk_smem_kb = 64;
 int lnorm__fast_grid = 0;
+int lnorm__fast_aligned = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 
@@ -98,6 +99,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_smem_kb = value;
     else if (!strcmp(name, "fast_grid") && value >= 0 && value <= 2)
         lnorm__fast_grid = value;
+    else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 1)
+        lnorm__fast_aligned = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;

@@ -433,14 +433,15 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 20000, 40000};
     static const struct {
         const char *name;
-        int bulk, stages, ctas, grid;
-    } runs[] = {{"bulk off", 0, 0, 0, 0},
-                {"bulk off, persistent fast grid", 0, 0, 0, 1},
-                {"bulk off, one tile per CTA", 0, 0, 0, 2},
-                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0},
-                {"bulk forced, 3 stages", 2, 3, 0, 0},
-                {"bulk forced, launcher's choice", 2, 0, 0, 0},
-                {"default policy", 1, 0, 0, 0}};
+        int bulk, stages, ctas, grid, aligned;
+    } runs[] = {{"bulk off", 0, 0, 0, 0, 0},
+                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0},
+                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0},
+                {"bulk off, aligned fast form", 0, 0, 0, 0, 1},
+                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0},
+                {"bulk forced, 3 stages", 2, 3, 0, 0, 0},
+                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0},
+                {"default policy", 1, 0, 0, 0, 0}};
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long fails = 0, cases = 0;
@@ -491,7 +492,8 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
                         if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
                             lnorm_cuda_set_tuning("bulk_ctas", runs[ri].ctas) ||
-                            lnorm_cuda_set_tuning("fast_grid", runs[ri].grid)) {
+                            lnorm_cuda_set_tuning("fast_grid", runs[ri].grid) ||
+                            lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned)) {
                             fprintf(stderr, "FAIL %s: lnorm_cuda_set_tuning refused\n", label);
                             fails++;
                             break;
@@ -531,6 +533,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     lnorm_cuda_set_tuning("bulk_stages", 0);
     lnorm_cuda_set_tuning("bulk_ctas", 0);
     lnorm_cuda_set_tuning("fast_grid", 0);
+    lnorm_cuda_set_tuning("fast_aligned", 0);
     g_cases += cases;
     g_fails += fails;
     printf("bulk pipeline: %ld shapes x %zu settings: %s\n", cases, sizeof runs / sizeof *runs, fails ? "FAIL" : "ok");
