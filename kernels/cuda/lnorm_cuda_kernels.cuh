@@ -769,38 +769,6 @@ __device__ __forceinline__ uint4 load_param_raw(const TP *p, int c0, int H, bool
     return r.u;
 }
 
-/* N parameter values at column c0 as fp32 (any TP); absent -> fill. NC:
- * read-only 16-byte loads where aligned (else the plain loads of
- * load_chunk); the values are the same. */
-template <typename TP, int N, bool NC = true>
-__device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, float fill, float (&v)[N])
-{
-    if (p == nullptr) {
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            v[k] = fill;
-        return;
-    }
-    constexpr int S = Sub<TP, N>::value;
-    if constexpr (NC && S * sizeof(TP) == 16) {
-        /* Read-only (non-coherent) 16-byte loads: gamma/beta are not
-         * written during a launch, so the compiler may issue them early,
-         * ahead of the stores of y. */
-        if (al && c0 + N <= H) {
-#pragma unroll
-            for (int s = 0; s < N; s += S) {
-                Raw<TP> r;
-                r.u = __ldg(reinterpret_cast<const uint4 *>(p + c0 + s));
-#pragma unroll
-                for (int k = 0; k < S; k++)
-                    v[s + k] = to_f<TP>(r.e[k]);
-            }
-            return;
-        }
-    }
-    load_chunk<TP, N>(p, c0, H, al, v);
-}
-
 /* N parameter values at an aligned column c0 whose chunk lies inside the
  * row (the AL form of k_fast): 16-byte read-only loads, no masks; absent
  * -> fill. */
@@ -822,6 +790,30 @@ template <typename TP, int N> __device__ __forceinline__ void load_param_full(co
         for (int k = 0; k < S; k++)
             v[s + k] = to_f<TP>(r.e[k]);
     }
+}
+
+/* N parameter values at column c0 as fp32 (any TP); absent -> fill. NC:
+ * read-only 16-byte loads where aligned (else the plain loads of
+ * load_chunk); the values are the same. */
+template <typename TP, int N, bool NC = true>
+__device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, float fill, float (&v)[N])
+{
+    if (p == nullptr) {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            v[k] = fill;
+        return;
+    }
+    if constexpr (NC && Sub<TP, N>::value * sizeof(TP) == 16) {
+        /* Read-only (non-coherent) 16-byte loads: gamma/beta are not
+         * written during a launch, so the compiler may issue them early,
+         * ahead of the stores of y. */
+        if (al && c0 + N <= H) {
+            load_param_full<TP, N>(p, c0, fill, v);
+            return;
+        }
+    }
+    load_chunk<TP, N>(p, c0, H, al, v);
 }
 
 /* Whether the fast path keeps a row's gamma/beta chunks in registers
@@ -870,6 +862,16 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++)
             unpack<TX>(raw[j], fv[j]);
     }
+    /* Chunk j of the row as fp32. */
+    auto chunk = [&](int j, float (&f)[VEC]) {
+        if constexpr (F32REG) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                f[k] = fv[j][k];
+        } else {
+            unpack<TX>(raw[j], f);
+        }
+    };
     float d = 0.0f;
     if constexpr (!RMS) {
         float sum = 0.0f;
@@ -877,13 +879,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
             float f[VEC];
-            if constexpr (F32REG) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                f[k] = fv[j][k];
-        } else {
-            unpack<TX>(raw[j], f);
-        }
+            chunk(j, f);
             if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
@@ -903,13 +899,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         float f[VEC];
-        if constexpr (F32REG) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                f[k] = fv[j][k];
-        } else {
-            unpack<TX>(raw[j], f);
-        }
+        chunk(j, f);
         if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
@@ -958,13 +948,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         if (c0 >= H)
             continue;
         float f[VEC], g[VEC], b[VEC];
-        if constexpr (F32REG) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                f[k] = fv[j][k];
-        } else {
-            unpack<TX>(raw[j], f);
-        }
+        chunk(j, f);
         if constexpr (GC) {
             unpack<TP>(gcache[j], g);
             unpack<TP>(bcache[j], b);
@@ -1404,25 +1388,24 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
-    static int cache[64], cache1[64]; /* occupancy with a table, with one segment */
+    static int cache[3][64]; /* occupancy of the kernel with a table, with one segment, its AL form */
     int dev = 0, sms = 0;
     cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     auto kern = p->table ? k_fast<TX, TP, RMS, TPR, NCH, true> : k_fast<TX, TP, RMS, TPR, NCH, false>;
-    int *occ_cache = p->table ? cache : cache1;
-    static int cache2[64];
+    int form = p->table ? 0 : 1;
     if (lnorm__fast_aligned && fast_aligned<TX, TP>(p)) {
         kern = k_fast<TX, TP, RMS, TPR, NCH, false, true>;
-        occ_cache = cache2;
+        form = 2;
     }
     int occ = 0;
-    e = cached_occupancy(kern, BLOCK, dev, occ_cache, &occ);
+    e = cached_occupancy(kern, BLOCK, dev, cache[form], &occ);
     if (e != cudaSuccess)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
     const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && BLOCK < 1024);
-    int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
+    const int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
     return cudaGetLastError();
