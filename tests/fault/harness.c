@@ -15,7 +15,6 @@
 
 int fh_failures;
 int fh_keep_default_http;
-int fh_suppress_nng_leaks;
 
 int64_t fh_now_ms(void)
 {
@@ -112,30 +111,10 @@ int fh_daemon_start(fh_daemon *d, const char *lnormd, const char *dir,
     }
     argv[k] = NULL;
 
-    /* lnormd's environment: ours, plus (fh_suppress_nng_leaks) the
-     * LeakSanitizer suppressions of tests/fault/lsan.supp. Built before
-     * fork: the child only calls async-signal-safe functions. */
-    extern char **environ;
-    size_t nenv = 0;
-    while (environ[nenv])
-        nenv++;
-    char **envp = calloc(nenv + 2, sizeof *envp);
-    if (!envp) {
-        free(argv);
-        return -1;
-    }
-    memcpy(envp, environ, nenv * sizeof *envp);
-#ifdef LNORM_FAULT_LSAN_SUPP
-    if (fh_suppress_nng_leaks && !getenv("LSAN_OPTIONS"))
-        envp[nenv++] = "LSAN_OPTIONS=suppressions=" LNORM_FAULT_LSAN_SUPP ":print_suppressions=0";
-#endif
-    envp[nenv] = NULL;
-
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
         free(argv);
-        free(envp);
         return -1;
     }
     if (pid == 0) {
@@ -144,12 +123,11 @@ int fh_daemon_start(fh_daemon *d, const char *lnormd, const char *dir,
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        execve(lnormd, (char *const *)argv, envp);
+        execv(lnormd, (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", lnormd, strerror(errno));
         _exit(127);
     }
     free(argv);
-    free(envp);
     d->pid = pid;
     int64_t end = fh_now_ms() + timeout_ms;
     while (fh_now_ms() < end) {

@@ -40,11 +40,6 @@ void fh_rmdir(const char *dir);
 /* When set, fh_daemon_start adds no --http (the daemon's default applies). */
 extern int fh_keep_default_http;
 
-/* When set (fault.disconnect only), lnormd runs with the LeakSanitizer
- * suppressions of tests/fault/lsan.supp: leaks allocated inside libnng are
- * not reported (docs/security.md, the open intermittent finding). */
-extern int fh_suppress_nng_leaks;
-
 /* Start lnormd (path) with args (NULL-terminated) plus --ready-file, and
  * --http 127.0.0.1:0 unless args hold --http (or fh_keep_default_http). dir must be a private temp
  * dir. Waits up to timeout_ms for the ready file; 0 when serving, -1 (and

@@ -344,12 +344,6 @@ int main(int argc, char **argv)
     snprintf(ipc, sizeof ipc, "ipc://%s/lnormd.sock", dir);
     const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--listen", ipc, "--backend", "cpu",
                           "--cpu-threads", "1", NULL};
-    /* The open intermittent finding of docs/security.md: after REQ peers
-     * hang up right after sending, LeakSanitizer sometimes reports one
-     * 1 MiB nng_msg lost at lnormd's exit (about 1 run in 4 in 2026-11-29's
-     * report, 2 in 3 under ctest -j2 on 2026-11-30). Suppressed for this
-     * mode only, so that CI is not red at random; still open. */
-    fh_suppress_nng_leaks = !strcmp(mode, "disconnect");
     fh_daemon d;
     if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
         fh_rmdir(dir);
