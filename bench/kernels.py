@@ -91,6 +91,11 @@ def main():
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
                     help="stop timing torch.compile once its compiles took this long (recorded as skipped)")
     ap.add_argument("--commit", default=os.environ.get("LNORM_COMMIT", "unknown"))
+    ap.add_argument("--hs", default=None, help="comma list of hidden sizes (default 128 .. 262144, powers of 2)")
+    ap.add_argument("--ops", default="ln,rms")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="time lnormd and its variants only (a quick A/B; no target verdicts)")
     a = ap.parse_args()
     lib = load_lib(a.lib)
     alts = [(kv.split("=", 1)[0], load_lib(kv.split("=", 1)[1])) for kv in a.alt]
@@ -112,7 +117,7 @@ def main():
     dev = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     total = 1 << a.elems_log2
-    Hs = [1 << k for k in range(7, 19)]
+    Hs = [int(h) for h in a.hs.split(",")] if a.hs else [1 << k for k in range(7, 19)]
     # One compiled graph per shape: lift dynamo's recompile limit (8 by
     # default, after which torch.compile silently falls back to eager).
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
@@ -125,14 +130,14 @@ def main():
     rows = []
     copy_gbs = {}
     torch.manual_seed(0)
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in [getattr(torch, d) for d in a.dtypes.split(",")]:
         esz = torch.tensor([], dtype=dtype).element_size()
         src = torch.randn(total, device="cuda").to(dtype)
         dst = torch.empty_like(src)
         t = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
         copy_gbs[str(dtype).replace("torch.", "")] = 2 * total * esz / (t * 1e-3) / 1e9
         del dst
-        for op in ("ln", "rms"):
+        for op in a.ops.split(","):
             for H in Hs:
                 N = total // H
                 x = src.view(N, H)
@@ -169,6 +174,15 @@ def main():
                 for name, alib in alts:
                     fn_a = lnormd_fn(alib, op, x, w, b, y)
                     res["lnormd_" + name] = gbs(triton.testing.do_bench(fn_a, return_mode="median"))
+                if a.no_peers:
+                    rows.append(res)
+                    print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s}{'B' if res.get('lnormd_uses_bulk') else ' '} lnormd {res['lnormd']:6.0f} "
+                          f"vs copy {res['lnormd'] / copy_gbs[res['dtype']]:.2f} (maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
+                          + "".join(f" {n} {res['lnormd_' + n]:.0f}" for n, _ in alts)
+                          + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
+                                    for n, _ in variants), flush=True)
+                    del y
+                    continue
                 res["torch_eager"] = gbs(triton.testing.do_bench(eager(op, x, w, b), return_mode="median"))
                 if op == "ln":
                     fn_t = lambda: triton_norm(x, w, b, 1e-5, rms=False, out=y)  # noqa: E731
@@ -222,7 +236,7 @@ def main():
         for ax, (op, dt) in zip(axes.flat, [("ln", "bfloat16"), ("ln", "float32"), ("rms", "bfloat16"), ("rms", "float32")]):
             sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
             for k in ("lnormd", "torch_eager", "torch_compile", "triton_seed"):
-                pts = [(r["H"], r[k]) for r in sel if r[k]]
+                pts = [(r["H"], r[k]) for r in sel if r.get(k)]
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=k)
             ax.axhline(copy_gbs[dt], color="k", ls="--", label="copy")

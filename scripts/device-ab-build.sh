@@ -15,7 +15,7 @@ inc=(-I. -I../core -I../../include)
 # At most two compilers at once (shared build machine).
 printf '%s\n' f32 f16 bf16 | xargs -P2 -I{} nvcc -std=c++17 -arch=sm_90 -O3 -Xcompiler -fPIC "$@" "${inc[@]}" \
   -c lnorm_cuda_{}.cu -o "$o/{}.o"
-gcc -std=c11 -O2 -fPIC "${inc[@]}" -I/usr/local/cuda/include -c lnorm_cuda_run.c -o "$o/run.o"
+gcc -std=c11 -O2 -fPIC "$@" "${inc[@]}" -I/usr/local/cuda/include -c lnorm_cuda_run.c -o "$o/run.o"
 gcc -std=c11 -O2 -fPIC -I../core -I../../include -c ../core/segment.c -o "$o/segment.o"
 nvcc -shared -arch=sm_90 -o "$o/liblnorm_cuda_bench.so" "$o"/*.o -cudart static
 rm -f "$o"/*.o

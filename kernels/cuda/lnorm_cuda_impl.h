@@ -90,6 +90,27 @@ typedef struct lnorm__kparams {
  * CL CTAs per row (a thread block cluster when CL > 1); it holds
  * TPR * NCH * CL * (16 / sizeof(x)) elements. The tier after the last
  * register tier streams the row. */
+#ifndef LNORM_CUDA_TIERSET
+#define LNORM_CUDA_TIERSET 0
+#endif
+#if LNORM_CUDA_TIERSET == 1 /* experiment: clusters of 512x4 CTAs from H = 32768 (bf16) */
+#define LNORM__TIERS(X)  \
+    X(0, 1, 4, 1)        \
+    X(1, 2, 4, 1)        \
+    X(2, 4, 4, 1)        \
+    X(3, 8, 4, 1)        \
+    X(4, 16, 4, 1)       \
+    X(5, 32, 4, 1)       \
+    X(6, 64, 4, 1)       \
+    X(7, 128, 4, 1)      \
+    X(8, 256, 4, 1)      \
+    X(9, 512, 4, 1)      \
+    X(10, 512, 4, 2)     \
+    X(11, 512, 4, 4)     \
+    X(12, 512, 4, 8)     \
+    X(13, 512, 4, 16)    \
+    X(14, 512, 8, 16)
+#else
 #define LNORM__TIERS(X)  \
     X(0, 1, 4, 1)        \
     X(1, 2, 4, 1)        \
@@ -106,6 +127,7 @@ typedef struct lnorm__kparams {
     X(12, 256, 8, 8)     \
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
+#endif
 
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
 #define LNORM__NREG_TIERS 15

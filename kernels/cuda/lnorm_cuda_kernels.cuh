@@ -125,44 +125,133 @@ __device__ __forceinline__ float make_rstd(float var, float eps, int eps_mode)
     return eps_mode == LNORM_EPS_OUTSIDE ? 1.0f / (sqrtf(var) + eps) : 1.0f / sqrtf(var + eps);
 }
 
+/* ---- mbarrier helpers (sm_90) ---- */
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+
+/* Add bytes to the transaction count of the current phase. */
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+
+/* Wait until the phase with this parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity)
+{
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_addr(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* Arrive on mbarrier b (count 1) and add bytes to its transaction count. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+
+/* Store v into CTA `peer`'s copy of the shared float *dst (same offset in
+ * its shared memory) and count 4 bytes on its copy of mbarrier *bar: an
+ * asynchronous distributed shared memory store, visible to the peer once
+ * it has waited for the barrier's phase. */
+__device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar, uint32_t peer)
+{
+    uint32_t rd, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(rd), "f"(v),
+                 "r"(rb)
+                 : "memory");
+}
+
+/* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs): warp
+ * w of CTA k stores its partial into slot[b][k][w] of every CTA of the
+ * cluster (st_async_peer), counted on that CTA's bar[b]; b alternates
+ * between reductions, so a slot is rewritten only two reductions later,
+ * after every CTA has read it (a CTA sends its part of reduction n + 1 only
+ * after all its warps have read the slots of reduction n). */
+template <int CL, int NW> struct ClusterRed {
+    uint64_t bar[2];
+    float slot[2][CL][NW];
+};
+
+/* Thread 0 initializes the cluster reduction state; the caller then syncs
+ * the cluster (no CTA may store into a peer's barrier before its init). */
+template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW> *cr)
+{
+    if (threadIdx.x == 0) {
+        mbar_init(&cr->bar[0], 1);
+        mbar_init(&cr->bar[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+}
+
 /* Sum over the TPR threads of a row group, then over the CL CTAs of a
  * cluster. Deterministic (fixed trees); every thread of the group gets the
- * same value. red/cred are double-buffered by the reduction counter. */
+ * same value. par counts the reductions of the kernel (uniform over the
+ * CTA and the cluster): red and the cluster slots are double-buffered by
+ * its low bit. In a cluster (one row per CTA, TPR == BLOCK) the warps'
+ * partials go straight to every CTA's slots, and each warp waits only for
+ * its own CTA's barrier (no CTA or cluster barrier): lane k < CL sums CTA
+ * k's warp partials in warp order, then a shuffle tree sums the CTAs, the
+ * same operations in the same order as a CTA sum followed by a sum over
+ * the cluster. */
 template <int TPR, int BLOCK, int CL>
-__device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], float *cred, int par)
+__device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
 #pragma unroll
     for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
         x += __shfl_xor_sync(0xffffffffu, x, m);
-    if constexpr (TPR > 32) {
+    if constexpr (CL > 1) {
+        static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
+        constexpr int NW = BLOCK / 32;
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
+        const int b = par & 1;
+        const int lane = (int)(threadIdx.x & 31);
+        if (threadIdx.x == 0)
+            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
+        if (lane < CL)
+            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
+        mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
+        float v = 0.0f;
+        if (lane < CL) {
+#pragma unroll
+            for (int i = 0; i < NW; i++)
+                v += cr->slot[b][lane][i];
+        }
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, m);
+        x = v;
+    } else if constexpr (TPR > 32) {
         constexpr int WPG = TPR / 32;
         if ((threadIdx.x & 31) == 0)
-            red[par][threadIdx.x / 32] = x;
+            red[par & 1][threadIdx.x / 32] = x;
         __syncthreads();
         const int w0 = (int)(threadIdx.x / TPR) * WPG;
         x = 0.0f;
 #pragma unroll
         for (int i = 0; i < WPG; i++)
-            x += red[par][w0 + i];
-    }
-    if constexpr (CL > 1) {
-        /* Lane k of warp 0 reads CTA k's partial (one distributed shared
-         * memory load each, not CL per thread), a fixed shuffle tree sums
-         * them, and the CTA reads the total from its own shared memory. */
-        cg::cluster_group cl = cg::this_cluster();
-        if (threadIdx.x == 0)
-            cred[par] = x;
-        cl.sync();
-        if (threadIdx.x < 32) {
-            float v = threadIdx.x < CL ? *cl.map_shared_rank(&cred[par], threadIdx.x) : 0.0f;
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, m);
-            if (threadIdx.x == 0)
-                cred[2 + par] = v;
-        }
-        __syncthreads();
-        x = cred[2 + par];
+            x += red[par & 1][w0 + i];
     }
     return x;
 }
@@ -422,11 +511,15 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     __shared__ float red[2][BLOCK / 32];
-    __shared__ float cred[4]; /* [0..1] partials read by the cluster, [2..3] totals */
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
+    void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
     int rank = 0;
-    if constexpr (CL > 1)
+    if constexpr (CL > 1) {
         rank = (int)cg::this_cluster().block_rank();
+        cluster_red_init(&cr);
+        cg::this_cluster().sync();
+    }
     const int64_t cid = blockIdx.x / CL, ncl = gridDim.x / CL;
     int par = 0;
     uint4 raw[NCH];
@@ -469,8 +562,8 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
                         sum += (c0 + k < H) ? f[k] - K : 0.0f;
                 }
             }
-            sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
-            par ^= 1;
+            sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+            par++;
             if (!rms)
                 d = sum / (float)H;
         }
@@ -494,8 +587,8 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
                 }
             }
         }
-        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, par);
-        par ^= 1;
+        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+        par++;
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
         if (cur.active && t == 0 && rank == 0) {
             if (s->mean)
@@ -839,7 +932,7 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
           bool AL = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
-                                         float K, int rank, int t, float (*red)[BLOCK / 32], float *cred, int &par,
+                                         float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
                                          const lnorm__kseg *&cs)
 {
@@ -890,8 +983,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                     sum += (c0 + k < H) ? f[k] - K : 0.0f;
             }
         }
-        sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, par);
-        par ^= 1;
+        sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+        par++;
         d = H > 0 ? sum / (float)H : 0.0f;
     }
     float sq = 0.0f;
@@ -914,8 +1007,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             }
         }
     }
-    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, par);
-    par ^= 1;
+    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+    par++;
     if (!active)
         return; /* nothing below synchronizes */
     const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
@@ -1063,42 +1156,6 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
 #endif
 #define LNORM__BULK_MAXST 8
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
-}
-
-/* Add bytes to the transaction count of the current phase. */
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes)
-{
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t *b)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
-}
-
-/* Wait until the phase with this parity has completed. */
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity)
-{
-    uint32_t done = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(smem_addr(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 /* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from global
  * to this CTA's shared memory; completion is counted on mbarrier b. */
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *b)
@@ -1169,13 +1226,14 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * than in k_fast (no spills): up to 128 a thread, and at least two
  * 256-thread CTAs per SM (one CTA alone leaves its reductions and stores
  * unoverlapped: measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy). */
-template <int TPR, int NCH> struct BulkShape {
+template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int min_blocks = 65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1;
+    static constexpr int min_blocks =
+        (CL > 1 && NCH <= 4) ? 2 : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
 
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
-__global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH>::min_blocks)
+__global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR, NCH, CL>::min_blocks)
     k_bulk(const __grid_constant__ lnorm__kparams p, int stages)
 {
     constexpr int BLOCK = BulkShape<TPR, NCH>::block;
@@ -1187,7 +1245,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
-    __shared__ float cred[4];
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
+    void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
     const int g = (int)(threadIdx.x / TPR);
     int rank = 0;
@@ -1203,7 +1262,12 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
             mbar_init(&bar[i], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) {
+        cluster_red_init(&cr);
+        cg::this_cluster().sync(); /* peers store into cr only after its init */
+    } else {
+        __syncthreads();
+    }
     if (threadIdx.x < 32)
         for (int i = 0; i < stages; i++)
             if (cid + i * ncl < ntiles)
@@ -1223,6 +1287,12 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
         const lnorm__kseg *s = multi ? find_seg(p, rr) : &p.one;
         const int64_t r = rr - s->row_begin;
         const int H = active ? (int)s->hidden : 0;
+        /* A cluster CTA other than rank 0 has not staged h[0]: read it
+         * from global memory before waiting, so the load overlaps the wait. */
+        TX x0 = TX(0.0f);
+        if constexpr (CL > 1 && !RMS)
+            if (H > 0)
+                x0 = ((const TX *)s->x + r * s->x_stride)[0];
         mbar_wait(&bar[st], phase);
         const unsigned char *src = stage_mem + st * stage_bytes + g * rs;
         uint4 raw[NCH];
@@ -1237,7 +1307,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH>::block, BulkShape<TPR, NCH
             if constexpr (CL == 1)
                 K = shift_of<TX>(*reinterpret_cast<const TX *>(src));
             else
-                K = shift_of<TX>(((const TX *)s->x + r * s->x_stride)[0]);
+                K = shift_of<TX>(x0);
         }
         /* Stage st is read: refill it with tile k + stages. */
         __syncthreads();
