@@ -104,11 +104,11 @@ def main():
         lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
         lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
         specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "persist=bulk:0,fast_grid:1",
-                                                          "tile=bulk:0,fast_grid:2", "aligned=bulk:0,fast_aligned:1"]
+                                                          "tile=bulk:0,fast_grid:2", "noal=fast_aligned:0"]
         for spec in specs:
             name, kvs = spec.split("=", 1)
             variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))
-    defaults = {"bulk": 1, "bulk_stages": 0, "bulk_ctas": 0, "bulk_smem_kb": 64, "fast_grid": 0, "fast_aligned": 0}
+    defaults = {"bulk": 1, "bulk_stages": 0, "bulk_ctas": 0, "bulk_smem_kb": 64, "fast_grid": 0, "fast_aligned": 1}
 
     def tune(kvs):
         for k, v in kvs:

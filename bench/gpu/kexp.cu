@@ -42,6 +42,7 @@ int lnorm__fast_grid = 0;
 int lnorm__fast_aligned = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
+long lnorm__al_launches = 0;
 }
 
 using namespace lnorm_cuda;

@@ -70,15 +70,17 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * 16..200 (shared memory per SM the stages may use, default 64), "fast_grid"
  * 0/1/2 (grid of the fast kernels: by tier (default), persistent CTAs, one
  * tile per CTA), "fast_aligned" 0/1 (the straight-line form of the fast
- * kernel for one-segment launches of whole 16-byte units; default 0 until
- * measured). Every setting gives the same output bits. Returns LNORM_EINVAL
- * for an unknown name or value. */
+ * kernel for segments whose x, y, gamma and beta are 16-byte aligned and
+ * whose H and strides are whole 16-byte units; default 1). Every setting
+ * gives the same output bits. Returns LNORM_EINVAL for an unknown name or
+ * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
 
 /* Process-wide counters, for tests and benchmarks: "bulk_launches" (launches
- * that ran the bulk-copy kernels) and "bulk_fallbacks" (launches marked for
+ * that ran the bulk-copy kernels), "bulk_fallbacks" (launches marked for
  * them that ran the kernels without bulk copies because the stages did not
- * fit or the device refused the set-up). -1 for an unknown name. */
+ * fit or the device refused the set-up) and "aligned_launches" (launches of
+ * the fast kernel's straight-line form). -1 for an unknown name. */
 long lnorm_cuda_stat(const char *name);
 
 #ifdef __cplusplus

@@ -47,7 +47,8 @@ enum {
     LNORM__FAST_RMS_PF32 = 4,
     LNORM__NFAST = 5,
     LNORM__FAST_VMASK = 7,    /* the variant bits of kparams.fast */
-    LNORM__FAST_BULK = 8      /* flag: rows staged by bulk copies (k_bulk) */
+    LNORM__FAST_BULK = 8,     /* flag: rows staged by bulk copies (k_bulk) */
+    LNORM__FAST_AL = 16       /* flag: k_fast's straight-line form (whole aligned 16-byte units) */
 };
 
 /* Run-time tuning of the bulk path (lnorm_cuda_set_tuning): on/off, stage
@@ -68,6 +69,7 @@ extern int lnorm__fast_grid;
  * yet measured on a GPU (written 2026-11-30 after the device time was
  * spent; bench/kernels.py times it as the "aligned" variant). */
 extern int lnorm__fast_aligned;
+extern long lnorm__al_launches;
 /* Launches that ran the bulk kernels, and bulk launches that fell back to
  * the kernels without bulk copies (lnorm_cuda_stat). */
 extern long lnorm__bulk_launches;
@@ -91,9 +93,9 @@ typedef struct lnorm__kparams {
  * TPR * NCH * CL * (16 / sizeof(x)) elements. The tier after the last
  * register tier streams the row. */
 #ifndef LNORM_CUDA_TIERSET
-#define LNORM_CUDA_TIERSET 0
+#define LNORM_CUDA_TIERSET 1
 #endif
-#if LNORM_CUDA_TIERSET == 1 /* experiment: clusters of 512x4 CTAs from H = 32768 (bf16) */
+#if LNORM_CUDA_TIERSET == 1 /* clusters of 512x4 CTAs from H = 32768 (bf16) / 16384 (f32) */
 #define LNORM__TIERS(X)  \
     X(0, 1, 4, 1)        \
     X(1, 2, 4, 1)        \
@@ -110,7 +112,7 @@ typedef struct lnorm__kparams {
     X(12, 512, 4, 8)     \
     X(13, 512, 4, 16)    \
     X(14, 512, 8, 16)
-#else
+#else /* LNORM_CUDA_TIERSET 0 (before 2026-11-30): one 1024x4 CTA, then clusters of 256x8 CTAs */
 #define LNORM__TIERS(X)  \
     X(0, 1, 4, 1)        \
     X(1, 2, 4, 1)        \

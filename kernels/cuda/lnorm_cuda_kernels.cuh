@@ -930,11 +930,11 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
-          bool AL = false>
+          bool AL = false, bool SMR = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
-                                         const lnorm__kseg *&cs)
+                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     /* The 8-chunk (cluster) kernels read gamma/beta with plain loads, one
@@ -961,6 +961,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
             for (int k = 0; k < VEC; k++)
                 f[k] = fv[j][k];
+        } else if constexpr (SMR) {
+            unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
         } else {
             unpack<TX>(raw[j], f);
         }
@@ -1094,8 +1096,9 @@ template <int TPR, int NCH> struct FastShape {
 
 /* MULTI: the launch has a segment table (else the one inline segment,
  * whose fields the compiler then reads from the parameter bank when it
- * needs them instead of holding them in registers). AL (one segment only,
- * lnorm_cuda_set_tuning("fast_aligned", 1)): x, y, gamma and beta 16-byte aligned,
+ * needs them instead of holding them in registers). AL (LNORM__FAST_AL,
+ * set by the host per segment, lnorm__al_ok; lnorm_cuda_set_tuning
+ * "fast_aligned" 0 turns it off): x, y, gamma and beta 16-byte aligned,
  * strides and H whole 16-byte units, so every chunk is either inside the
  * row (one vector access) or outside it (skipped): straight-line vector
  * code without the element-by-element fallbacks. Same operations, same
@@ -1226,6 +1229,12 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * than in k_fast (no spills): up to 128 a thread, and at least two
  * 256-thread CTAs per SM (one CTA alone leaves its reductions and stores
  * unoverlapped: measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy). */
+#ifndef LNORM_CUDA_CLU_SMEM
+#define LNORM_CUDA_CLU_SMEM 1 /* cluster bulk kernels re-read the row from shared memory in each pass */
+#endif
+#ifndef LNORM_CUDA_BULK_F32REG
+#define LNORM_CUDA_BULK_F32REG 32 /* k_bulk keeps the row as fp32 in registers up to this many elements a thread */
+#endif
 template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
     static constexpr int min_blocks =
@@ -1240,6 +1249,11 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     static_assert(CL == 1 || RPC == 1, "a cluster tier holds one row per CTA");
+    /* SMR (cluster tiers): every pass reads the row from its stage in
+     * shared memory instead of holding it in registers, and the stage is
+     * refilled once the row is written (the launcher gives these kernels
+     * three stages or more where they fit). */
+    constexpr bool SMR = CL > 1 && LNORM_CUDA_CLU_SMEM;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
     extern __shared__ __align__(128) unsigned char stage_mem[];
@@ -1296,11 +1310,13 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         mbar_wait(&bar[st], phase);
         const unsigned char *src = stage_mem + st * stage_bytes + g * rs;
         uint4 raw[NCH];
+        if constexpr (!SMR) {
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            raw[j] = c0 < H ? *reinterpret_cast<const uint4 *>(src + (int64_t)(j * TPR + t) * 16)
-                            : make_uint4(0u, 0u, 0u, 0u);
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                raw[j] = c0 < H ? *reinterpret_cast<const uint4 *>(src + (int64_t)(j * TPR + t) * 16)
+                                : make_uint4(0u, 0u, 0u, 0u);
+            }
         }
         float K = 0.0f;
         if (!RMS && H > 0) {
@@ -1309,22 +1325,28 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             else
                 K = shift_of<TX>(x0);
         }
-        /* Stage st is read: refill it with tile k + stages. */
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            const int64_t nt = cid + (k + stages) * ncl;
-            if (nt < ntiles) {
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
+        /* Stage st is read (SMR: once the row is done): refill it with
+         * tile k + stages. */
+        auto refill = [&]() {
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                const int64_t nt = cid + (k + stages) * ncl;
+                if (nt < ntiles) {
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
+                }
             }
-        }
-        if (++st == stages) {
-            st = 0;
-            phase ^= 1u;
-        }
-        fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, NCH * VEC <= 32>(raw, s, r, H, active, K, rank, t, red, cred,
-                                                                        par, gcache,
-                                                        bcache, cs);
+            if (++st == stages) {
+                st = 0;
+                phase ^= 1u;
+            }
+        };
+        if constexpr (!SMR)
+            refill();
+        fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, !SMR && NCH * VEC <= LNORM_CUDA_BULK_F32REG, false, SMR>(
+            raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src);
+        if constexpr (SMR)
+            refill();
     }
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
@@ -1334,6 +1356,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
  * under the 227 KiB opt-in of sm_90). The per-SM budget the launcher plans
  * with is lnorm__bulk_smem_kb (lnorm_cuda_set_tuning "bulk_smem_kb"). */
 #define LNORM__BULK_SMEM_CTA (200 * 1024)
+#define LNORM__BULK_SMEM_SM (227 * 1024) /* shared memory of an sm_90 SM that CTAs may use */
 
 
 /* Launch the bulk kernel of one tier: choose the number of resident CTAs
@@ -1379,7 +1402,10 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * budget gives each (at least 2): shared memory beyond the budget is
      * left to the L1 cache, where gamma/beta are read from by every row
      * (measured 2026-11-29: more stages at the cost of L1 were slower). */
-    const int64_t budget = (int64_t)lnorm__bulk_smem_kb * 1024;
+    /* Cluster tiers: two CTAs an SM (registers) share all of its shared
+     * memory, for three stages each where they fit (SMR holds a stage
+     * through the whole row). */
+    const int64_t budget = CL > 1 ? (int64_t)2 * (LNORM__BULK_SMEM_SM / 2 - 4096) : (int64_t)lnorm__bulk_smem_kb * 1024;
     int n = occ, stages = 0;
     for (; n >= 1; n--) {
         int64_t per = budget / n;
@@ -1434,19 +1460,6 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     }
 }
 
-/* Whether a one-segment launch qualifies for k_fast's AL form (used when
- * lnorm__fast_aligned is set). */
-template <typename TX, typename TP> static bool fast_aligned(const lnorm__kparams *p)
-{
-    if (p->table)
-        return false;
-    const lnorm__kseg &o = p->one;
-    const int64_t xs = (int64_t)sizeof(TX);
-    auto al = [](const void *q) { return ((uintptr_t)q & 15) == 0; };
-    return (o.hidden * xs) % 16 == 0 && (o.x_stride * xs) % 16 == 0 && (o.y_stride * xs) % 16 == 0 && al(o.x) &&
-           al(o.y) && (o.gamma == nullptr || al(o.gamma)) && (o.beta == nullptr || al(o.beta));
-}
-
 /* Launch the fast kernel of one CL == 1 tier. Grid (lnorm__fast_grid):
  * one tile per CTA (the block scheduler starts a new CTA, with its loads,
  * as soon as one finishes: 3-10% faster than 4 waves of persistent CTAs
@@ -1458,17 +1471,17 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
-    static int cache[3][64]; /* occupancy of the kernel with a table, with one segment, its AL form */
+    static int cache[4][64]; /* occupancy of each form: table or one segment, general or AL */
     int dev = 0, sms = 0;
     cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
-    auto kern = p->table ? k_fast<TX, TP, RMS, TPR, NCH, true> : k_fast<TX, TP, RMS, TPR, NCH, false>;
-    int form = p->table ? 0 : 1;
-    if (lnorm__fast_aligned && fast_aligned<TX, TP>(p)) {
-        kern = k_fast<TX, TP, RMS, TPR, NCH, false, true>;
-        form = 2;
-    }
+    const bool al = (p->fast & LNORM__FAST_AL) != 0; /* set by the host (lnorm__al_ok) */
+    const int form = (p->table ? 0 : 1) + (al ? 2 : 0);
+    static void (*const kerns[4])(const lnorm__kparams) = {
+        k_fast<TX, TP, RMS, TPR, NCH, true>, k_fast<TX, TP, RMS, TPR, NCH, false>,
+        k_fast<TX, TP, RMS, TPR, NCH, true, true>, k_fast<TX, TP, RMS, TPR, NCH, false, true>};
+    auto kern = kerns[form];
     int occ = 0;
     e = cached_occupancy(kern, BLOCK, dev, cache[form], &occ);
     if (e != cudaSuccess)
@@ -1478,7 +1491,10 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     const int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
-    return cudaGetLastError();
+    e = cudaGetLastError();
+    if (e == cudaSuccess && al)
+        __atomic_fetch_add(&lnorm__al_launches, 1L, __ATOMIC_RELAXED);
+    return e;
 }
 
 /* The fast variant p->fast (LNORM__FAST_* plus LNORM__FAST_BULK) of a

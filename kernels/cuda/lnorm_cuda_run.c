@@ -72,7 +72,8 @@ int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
 int lnorm__bulk_smem_kb = 64;
 int lnorm__fast_grid = 0;
-int lnorm__fast_aligned = 0;
+int lnorm__fast_aligned = 1;
+long lnorm__al_launches = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 
@@ -82,6 +83,8 @@ long lnorm_cuda_stat(const char *name)
         return __atomic_load_n(&lnorm__bulk_launches, __ATOMIC_RELAXED);
     if (name && !strcmp(name, "bulk_fallbacks"))
         return __atomic_load_n(&lnorm__bulk_fallbacks, __ATOMIC_RELAXED);
+    if (name && !strcmp(name, "aligned_launches"))
+        return __atomic_load_n(&lnorm__al_launches, __ATOMIC_RELAXED);
     return -1;
 }
 
@@ -112,6 +115,18 @@ static int lnorm__bulk_ok(const lnorm_segment *s)
 {
     const size_t xs = lnorm_dtype_size(s->x_dtype);
     return ((uintptr_t)s->x % 16) == 0 && ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->hidden * xs) % 16 == 0;
+}
+
+/* Whether a segment qualifies for k_fast's straight-line form: x, y,
+ * gamma and beta 16-byte aligned, H and both strides whole 16-byte units
+ * (in x's dtype; parameters of f32 then are whole units too), so every
+ * chunk of a row is either inside it or past its end. */
+static int lnorm__al_ok(const lnorm_segment *s)
+{
+    const size_t xs = lnorm_dtype_size(s->x_dtype);
+    return ((uintptr_t)s->x % 16) == 0 && ((uintptr_t)s->y % 16) == 0 && ((uintptr_t)s->gamma % 16) == 0 &&
+           ((uintptr_t)s->beta % 16) == 0 && ((size_t)s->hidden * xs) % 16 == 0 &&
+           ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->y_stride * xs) % 16 == 0;
 }
 
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
@@ -153,7 +168,11 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         v = rms ? LNORM__FAST_RMS_PF32 : LNORM__FAST_LN_PF32;
     else
         return LNORM__FAST_NONE;
-    if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && (lnorm__bulk_enabled == 2 || lnorm__bulk_pays(s, tier)))
+    if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
+        return v | LNORM__FAST_BULK;
+    if (lnorm__tier_cl[tier] == 1 && lnorm__fast_aligned && lnorm__al_ok(s))
+        return v | LNORM__FAST_AL;
+    if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))
         return v | LNORM__FAST_BULK;
     return lnorm__tier_cl[tier] == 1 ? v : LNORM__FAST_NONE;
 }
@@ -161,18 +180,19 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
 /* Index (0 .. 2 * LNORM__NFAST - 1) of a fast value in a group key. */
 static int lnorm__fast_index(int fast)
 {
-    return (fast & LNORM__FAST_VMASK) + ((fast & LNORM__FAST_BULK) ? LNORM__NFAST : 0);
+    return (fast & LNORM__FAST_VMASK) + ((fast & LNORM__FAST_BULK) ? LNORM__NFAST : 0) +
+           ((fast & LNORM__FAST_AL) ? 2 * LNORM__NFAST : 0);
 }
 
 /* Group key of a segment: x dtype (1..3), tier and fast variant. */
 static int lnorm__group_key(const lnorm_segment *s)
 {
     const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
-    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * (2 * LNORM__NFAST) +
+    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * (3 * LNORM__NFAST) +
            lnorm__fast_index(lnorm__fast_variant(s, tier));
 }
 
-#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * 2 * LNORM__NFAST)
+#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * 3 * LNORM__NFAST)
 
 static void lnorm__to_kseg(lnorm__kseg *k, const lnorm_segment *s, int64_t row_begin)
 {

@@ -329,15 +329,18 @@ static void sweep(lnorm_rng *g, int quick)
  * the device table), then in the reverse order: outputs bit-identical. */
 static void batch_invariance(lnorm_rng *g)
 {
-    /* Segments 0 and 10 (bf16 LayerNorm, f32 parameters, no residual, one
-     * tier) share a fast-path launch through the device table (10 is
-     * misaligned); 2 and 4 take fast-path launches of their own; 6 and 8
-     * (cluster tiers) and the odd ones (residual) take the general kernels. */
-    enum { NS = 11 };
-    static const int64_t hs[NS] = {1000, 700, 1024, 513, 4097, 40000, 33000, 64, 300000, 2000, 900};
+    /* Segments 0 and 12 (bf16 LayerNorm, f32 parameters, no residual, one
+     * tier, whole aligned 16-byte units) share a launch of k_fast's
+     * straight-line form through the device table; 10 (the same tier,
+     * misaligned) takes the general fast kernel; 2 and 4 take fast-path
+     * launches of their own; 6 and 8 (cluster tiers) and the odd ones
+     * (residual) take the general kernels. */
+    enum { NS = 13 };
+    static const int64_t hs[NS] = {1000, 700, 1024, 513, 4097, 40000, 33000, 64, 300000, 2000, 900, 5000, 960};
     static const int xs[NS] = {LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16,
                                LNORM_DTYPE_F16, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F16,
-                               LNORM_DTYPE_BF16, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+                               LNORM_DTYPE_BF16, LNORM_DTYPE_F16, LNORM_DTYPE_BF16, LNORM_DTYPE_F16,
+                               LNORM_DTYPE_BF16};
     lnorm_test_case tc[NS];
     lnorm_gpu_case gc[NS];
     outs alone[NS];
@@ -387,11 +390,16 @@ static void batch_invariance(lnorm_rng *g)
             break;
         lnorm_batch b = {segs, NS};
         printf("batch of %d segments: %d launches\n", NS, lnorm_cuda_launch_count(&b));
+        const long al0 = lnorm_cuda_stat("aligned_launches");
         int err = lnorm_cuda_run(&b, NULL, ws, &why);
         if (err) {
             fprintf(stderr, "FAIL batch run: %s (%s)\n", lnorm_errname(err), why ? why : "");
             fails++;
             break;
+        }
+        if (lnorm_cuda_stat("aligned_launches") - al0 < 1) { /* segments 0 and 12 */
+            fprintf(stderr, "FAIL batch run: no launch of the aligned fast form\n");
+            fails++;
         }
         for (int i = 0; i < NS; i++) {
             if (lnorm_gpu_case_fetch(&gc[i], &tc[i])) {
@@ -441,7 +449,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                 {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0},
                 {"bulk forced, 3 stages", 2, 3, 0, 0, 0},
                 {"bulk forced, launcher's choice", 2, 0, 0, 0, 0},
-                {"default policy", 1, 0, 0, 0, 0}};
+                {"default policy (aligned fast form where rows allow)", 1, 0, 0, 0, 1}};
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long fails = 0, cases = 0;
@@ -533,7 +541,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     lnorm_cuda_set_tuning("bulk_stages", 0);
     lnorm_cuda_set_tuning("bulk_ctas", 0);
     lnorm_cuda_set_tuning("fast_grid", 0);
-    lnorm_cuda_set_tuning("fast_aligned", 0);
+    lnorm_cuda_set_tuning("fast_aligned", 1);
     g_cases += cases;
     g_fails += fails;
     printf("bulk pipeline: %ld shapes x %zu settings: %s\n", cases, sizeof runs / sizeof *runs, fails ? "FAIL" : "ok");
