@@ -85,7 +85,8 @@ def main():
     ap.add_argument("--variant", action="append", default=None,
                     help="NAME=KEY:VAL[,KEY:VAL]: run-time tuning of the same library "
                          "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
-                         "default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow)")
+                         "default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow), noal=fast_aligned:0, "
+                         "alall=fast_aligned:2 (k_fast's straight-line form off / wherever rows allow)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
@@ -103,8 +104,8 @@ def main():
     if hasattr(lib, "lnorm_cuda_set_tuning"):
         lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
         lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "persist=bulk:0,fast_grid:1",
-                                                          "tile=bulk:0,fast_grid:2", "noal=fast_aligned:0"]
+        specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "noal=fast_aligned:0",
+                                                          "alall=fast_aligned:2"]
         for spec in specs:
             name, kvs = spec.split("=", 1)
             variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))

@@ -69,9 +69,10 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none), "bulk_smem_kb"
  * 16..200 (shared memory per SM the stages may use, default 64), "fast_grid"
  * 0/1/2 (grid of the fast kernels: by tier (default), persistent CTAs, one
- * tile per CTA), "fast_aligned" 0/1 (the straight-line form of the fast
+ * tile per CTA), "fast_aligned" 0/1/2 (the straight-line form of the fast
  * kernel for segments whose x, y, gamma and beta are 16-byte aligned and
- * whose H and strides are whole 16-byte units; default 1). Every setting
+ * whose H and strides are whole 16-byte units: off, where it pays
+ * (LayerNorm with 16-bit x; default), wherever rows allow). Every setting
  * gives the same output bits. Returns LNORM_EINVAL for an unknown name or
  * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);

@@ -102,7 +102,7 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_smem_kb = value;
     else if (!strcmp(name, "fast_grid") && value >= 0 && value <= 2)
         lnorm__fast_grid = value;
-    else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 1)
+    else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 2)
         lnorm__fast_aligned = value;
     else
         return LNORM_EINVAL;
@@ -127,6 +127,16 @@ static int lnorm__al_ok(const lnorm_segment *s)
     return ((uintptr_t)s->x % 16) == 0 && ((uintptr_t)s->y % 16) == 0 && ((uintptr_t)s->gamma % 16) == 0 &&
            ((uintptr_t)s->beta % 16) == 0 && ((size_t)s->hidden * xs) % 16 == 0 &&
            ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->y_stride * xs) % 16 == 0;
+}
+
+/* Where k_fast's straight-line form beats its general form (H200, same
+ * run, bench/results/kernels-2026-11-30-66ada5e-ab.json): LayerNorm with
+ * 16-bit x (bf16 H = 1024 / 4096: 3799 / 3692 GB/s against 3516 / 3525,
+ * and ahead of the bulk kernels: kernels-2026-11-30-ab486a7.json); not
+ * RMSNorm nor f32 x, where it measured 1-3.5% slower in two runs. */
+static int lnorm__al_pays(const lnorm_segment *s)
+{
+    return s->op == LNORM_OP_LAYERNORM && s->x_dtype != LNORM_DTYPE_F32;
 }
 
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
@@ -170,7 +180,8 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return LNORM__FAST_NONE;
     if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
         return v | LNORM__FAST_BULK;
-    if (lnorm__tier_cl[tier] == 1 && lnorm__fast_aligned && lnorm__al_ok(s))
+    if (lnorm__tier_cl[tier] == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
+        (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
         return v | LNORM__FAST_AL;
     if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))
         return v | LNORM__FAST_BULK;

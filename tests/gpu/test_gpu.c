@@ -445,7 +445,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     } runs[] = {{"bulk off", 0, 0, 0, 0, 0},
                 {"bulk off, persistent fast grid", 0, 0, 0, 1, 0},
                 {"bulk off, one tile per CTA", 0, 0, 0, 2, 0},
-                {"bulk off, aligned fast form", 0, 0, 0, 0, 1},
+                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2},
                 {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0},
                 {"bulk forced, 3 stages", 2, 3, 0, 0, 0},
                 {"bulk forced, launcher's choice", 2, 0, 0, 0, 0},
