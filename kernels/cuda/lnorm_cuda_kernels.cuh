@@ -913,7 +913,12 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
  * (k_fast: LNORM_CUDA_FAST_GCACHE; the bulk kernels, BULK true, whose
  * 128-register budget holds them: LNORM_CUDA_BULK_GCACHE). */
 #ifndef LNORM_CUDA_BULK_GCACHE
-#define LNORM_CUDA_BULK_GCACHE 1 /* LayerNorm: bf16 H = 4096 3518 GB/s with, 2773 without (H200) */
+/* 2: LayerNorm and RMSNorm. LayerNorm: bf16 H = 4096 3518 GB/s with, 2773
+ * without; RMSNorm in the 512x4 cluster tiers: bf16 H = 65536 3479 with,
+ * 3122 without, f32 H = 65536 3727 against 3275 (H200, same run,
+ * bench/results/kernels-2026-11-30-17df2e0-ab.json). Only 4-chunk tiers
+ * (FastGC). */
+#define LNORM_CUDA_BULK_GCACHE 2
 #endif
 template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct FastGC {
     static constexpr int mode = BULK ? LNORM_CUDA_BULK_GCACHE : LNORM_CUDA_FAST_GCACHE;
