@@ -93,9 +93,26 @@ typedef struct lnorm__kparams {
  * TPR * NCH * CL * (16 / sizeof(x)) elements. The tier after the last
  * register tier streams the row. */
 #ifndef LNORM_CUDA_TIERSET
-#define LNORM_CUDA_TIERSET 1
+#define LNORM_CUDA_TIERSET 2
 #endif
-#if LNORM_CUDA_TIERSET == 1 /* clusters of 512x4 CTAs from H = 32768 (bf16) / 16384 (f32) */
+#if LNORM_CUDA_TIERSET == 2 /* clusters of 256x4 CTAs (four an SM) up to H = 131072 (bf16) / 65536 (f32) */
+#define LNORM__TIERS(X)  \
+    X(0, 1, 4, 1)        \
+    X(1, 2, 4, 1)        \
+    X(2, 4, 4, 1)        \
+    X(3, 8, 4, 1)        \
+    X(4, 16, 4, 1)       \
+    X(5, 32, 4, 1)       \
+    X(6, 64, 4, 1)       \
+    X(7, 128, 4, 1)      \
+    X(8, 256, 4, 1)      \
+    X(9, 512, 4, 1)      \
+    X(10, 256, 4, 4)     \
+    X(11, 256, 4, 8)     \
+    X(12, 256, 4, 16)    \
+    X(13, 512, 4, 16)    \
+    X(14, 512, 8, 16)
+#elif LNORM_CUDA_TIERSET == 1 /* clusters of 512x4 CTAs from H = 32768 (bf16) / 16384 (f32) */
 #define LNORM__TIERS(X)  \
     X(0, 1, 4, 1)        \
     X(1, 2, 4, 1)        \

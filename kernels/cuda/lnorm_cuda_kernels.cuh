@@ -1243,7 +1243,7 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
 template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
     static constexpr int min_blocks =
-        (CL > 1 && NCH <= 4) ? 2 : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
+        (CL > 1 && NCH <= 4) ? 65536 / (block * 64) : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
 
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
