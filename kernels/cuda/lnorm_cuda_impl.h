@@ -92,6 +92,19 @@ typedef struct lnorm__kparams {
  * CL CTAs per row (a thread block cluster when CL > 1); it holds
  * TPR * NCH * CL * (16 / sizeof(x)) elements. The tier after the last
  * register tier streams the row. */
+/* Tiers 0-9, the same in every tier set: one CTA per row. */
+#define LNORM__TIERS_CTA(X) \
+    X(0, 1, 4, 1)           \
+    X(1, 2, 4, 1)           \
+    X(2, 4, 4, 1)           \
+    X(3, 8, 4, 1)           \
+    X(4, 16, 4, 1)          \
+    X(5, 32, 4, 1)          \
+    X(6, 64, 4, 1)          \
+    X(7, 128, 4, 1)         \
+    X(8, 256, 4, 1)         \
+    X(9, 512, 4, 1)
+
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 1
 #endif
@@ -101,16 +114,7 @@ typedef struct lnorm__kparams {
  * +7%, f32 H = 65536 (16-CTA clusters) -3 to -5%, the rest within 2%. */
 #if LNORM_CUDA_TIERSET == 2
 #define LNORM__TIERS(X)  \
-    X(0, 1, 4, 1)        \
-    X(1, 2, 4, 1)        \
-    X(2, 4, 4, 1)        \
-    X(3, 8, 4, 1)        \
-    X(4, 16, 4, 1)       \
-    X(5, 32, 4, 1)       \
-    X(6, 64, 4, 1)       \
-    X(7, 128, 4, 1)      \
-    X(8, 256, 4, 1)      \
-    X(9, 512, 4, 1)      \
+    LNORM__TIERS_CTA(X)  \
     X(10, 256, 4, 4)     \
     X(11, 256, 4, 8)     \
     X(12, 256, 4, 16)    \
@@ -118,16 +122,7 @@ typedef struct lnorm__kparams {
     X(14, 512, 8, 16)
 #elif LNORM_CUDA_TIERSET == 1 /* clusters of 512x4 CTAs from H = 32768 (bf16) / 16384 (f32) */
 #define LNORM__TIERS(X)  \
-    X(0, 1, 4, 1)        \
-    X(1, 2, 4, 1)        \
-    X(2, 4, 4, 1)        \
-    X(3, 8, 4, 1)        \
-    X(4, 16, 4, 1)       \
-    X(5, 32, 4, 1)       \
-    X(6, 64, 4, 1)       \
-    X(7, 128, 4, 1)      \
-    X(8, 256, 4, 1)      \
-    X(9, 512, 4, 1)      \
+    LNORM__TIERS_CTA(X)  \
     X(10, 512, 4, 2)     \
     X(11, 512, 4, 4)     \
     X(12, 512, 4, 8)     \
@@ -135,16 +130,7 @@ typedef struct lnorm__kparams {
     X(14, 512, 8, 16)
 #else /* LNORM_CUDA_TIERSET 0 (before 2026-11-30): one 1024x4 CTA, then clusters of 256x8 CTAs */
 #define LNORM__TIERS(X)  \
-    X(0, 1, 4, 1)        \
-    X(1, 2, 4, 1)        \
-    X(2, 4, 4, 1)        \
-    X(3, 8, 4, 1)        \
-    X(4, 16, 4, 1)       \
-    X(5, 32, 4, 1)       \
-    X(6, 64, 4, 1)       \
-    X(7, 128, 4, 1)      \
-    X(8, 256, 4, 1)      \
-    X(9, 512, 4, 1)      \
+    LNORM__TIERS_CTA(X)  \
     X(10, 1024, 4, 1)    \
     X(11, 256, 8, 4)     \
     X(12, 256, 8, 8)     \
