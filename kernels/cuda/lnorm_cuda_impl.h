@@ -63,11 +63,10 @@ extern int lnorm__bulk_smem_kb;
  * per CTA, persistent CTAs for 1024-thread CTAs), 1 persistent (a few
  * waves of resident CTAs looping over the tiles), 2 one tile per CTA. */
 extern int lnorm__fast_grid;
-/* 1: one-segment launches whose x, y, gamma, beta, strides and H are whole
- * 16-byte units run k_fast's straight-line form (AL: vector accesses only,
- * half the instructions of the general form, same bits). 0 (default): not
- * yet measured on a GPU (written 2026-11-30 after the device time was
- * spent; bench/kernels.py times it as the "aligned" variant). */
+/* k_fast's straight-line form (AL: vector accesses only, half the
+ * instructions of the general form, same bits) for segments whose x, y,
+ * gamma, beta, strides and H are whole 16-byte units: 0 never, 1 (default)
+ * where it measured faster (lnorm__al_pays), 2 wherever rows allow. */
 extern int lnorm__fast_aligned;
 extern long lnorm__al_launches;
 /* Launches that ran the bulk kernels, and bulk launches that fell back to

@@ -188,11 +188,19 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
     return lnorm__tier_cl[tier] == 1 ? v : LNORM__FAST_NONE;
 }
 
-/* Index (0 .. 2 * LNORM__NFAST - 1) of a fast value in a group key. */
+/* Index (0 .. 3 * LNORM__NFAST - 1) of a fast value in a group key (BULK
+ * and AL never come together), and back. */
 static int lnorm__fast_index(int fast)
 {
     return (fast & LNORM__FAST_VMASK) + ((fast & LNORM__FAST_BULK) ? LNORM__NFAST : 0) +
            ((fast & LNORM__FAST_AL) ? 2 * LNORM__NFAST : 0);
+}
+
+static int lnorm__fast_of_key(int key)
+{
+    const int i = key % (3 * LNORM__NFAST);
+    static const int flag[3] = {0, LNORM__FAST_BULK, LNORM__FAST_AL};
+    return (i % LNORM__NFAST) | flag[i / LNORM__NFAST];
 }
 
 /* Group key of a segment: x dtype (1..3), tier and fast variant. */
@@ -443,7 +451,10 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
                 for (size_t i = 0; i < gn[g]; i++)
                     p.total_rows += b->segs[ix[i]].rows;
                 const int tier = lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL);
-                p.fast = lnorm__fast_variant(s0, tier); /* the group's, by its key */
+                /* The group's variant, from its key: the same for every
+                 * segment of the group even if the tuning knobs changed
+                 * since the batch was grouped. */
+                p.fast = lnorm__fast_of_key(gk[g]);
                 int e = lnorm__launch(s0->x_dtype, tier, &p, stream);
                 if (e) {
                     rc = LNORM_ECUDA;

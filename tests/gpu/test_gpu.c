@@ -449,7 +449,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                 {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0},
                 {"bulk forced, 3 stages", 2, 3, 0, 0, 0},
                 {"bulk forced, launcher's choice", 2, 0, 0, 0, 0},
-                {"default policy (aligned fast form where rows allow)", 1, 0, 0, 0, 1}};
+                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1}};
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long fails = 0, cases = 0;
