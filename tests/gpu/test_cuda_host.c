@@ -1,0 +1,351 @@
+/*
+ * gpu.cuda_host: the host side of the CUDA backend (kernels/cuda/
+ * lnorm_cuda_run.c) without a GPU. The file is compiled into this test with
+ * stand-ins for the few CUDA runtime calls it makes (host memory, copies
+ * done at once) and for the three per-dtype launchers, which record what
+ * they were asked to launch instead of launching it. Checked:
+ *   - the tier table: every hidden size gets the first tier that holds it,
+ *     its description names that tier, rows past the largest cluster stream;
+ *   - the fast variant of a segment (kernel form) under every setting of
+ *     the "bulk" and "fast_aligned" knobs: the straight-line form (AL) only
+ *     for segments whose x, y, gamma, beta, strides and H are whole
+ *     16-byte units, by default only for LayerNorm with 16-bit x, never in
+ *     a cluster tier, never together with the bulk form; the bulk form only
+ *     for rows that start 16-byte aligned and are whole 16-byte units;
+ *   - a batch: one launch per (dtype, tier, variant) group, each segment in
+ *     exactly one launch, the table entries of a launch in its rows order,
+ *     every segment of an AL or bulk launch qualifying for it (the launch's
+ *     variant comes from its group key), under each "fast_aligned" setting.
+ * The GPU tests (test_gpu) check the kernels themselves on a device.
+ */
+#include "lnorm_cuda_run.c"
+
+#include <stdio.h>
+
+/* ---- CUDA runtime stand-ins (the calls lnorm_cuda_run.c makes) ---- */
+
+static int g_event;
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    *p = malloc(n);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+    return cudaMalloc(p, n);
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    return cudaFree(p);
+}
+
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
+{
+    (void)k;
+    (void)st;
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int f)
+{
+    (void)f;
+    *e = (cudaEvent_t)(void *)&g_event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    (void)e;
+    (void)s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    (void)e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    (void)e;
+    return cudaSuccess;
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    (void)e;
+    return "stand-in";
+}
+
+/* ---- launch recorder ---- */
+
+typedef struct launch {
+    int x_dtype, tier, fast, nsegs;
+    int64_t total_rows;
+    lnorm__kseg segs[16]; /* the table entries (or the inline segment) */
+} launch;
+
+static launch g_l[64];
+static int g_nl;
+
+static int record(int x_dtype, int tier, const lnorm__kparams *p)
+{
+    if (g_nl >= 64)
+        return 1;
+    launch *l = &g_l[g_nl++];
+    l->x_dtype = x_dtype;
+    l->tier = tier;
+    l->fast = p->fast;
+    l->nsegs = p->nsegs;
+    l->total_rows = p->total_rows;
+    if (p->table) {
+        for (int i = 0; i < p->nsegs && i < 16; i++)
+            l->segs[i] = p->table[i]; /* the stand-in "device" memory is host memory */
+    } else {
+        l->segs[0] = p->one;
+    }
+    return 0;
+}
+
+int lnorm__cuda_launch_f32(int tier, const lnorm__kparams *p, void *stream)
+{
+    (void)stream;
+    return record(LNORM_DTYPE_F32, tier, p);
+}
+
+int lnorm__cuda_launch_f16(int tier, const lnorm__kparams *p, void *stream)
+{
+    (void)stream;
+    return record(LNORM_DTYPE_F16, tier, p);
+}
+
+int lnorm__cuda_launch_bf16(int tier, const lnorm__kparams *p, void *stream)
+{
+    (void)stream;
+    return record(LNORM_DTYPE_BF16, tier, p);
+}
+
+/* ---- checks ---- */
+
+static int g_fails;
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);              \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fprintf(stderr, "\n");                                            \
+            g_fails++;                                                        \
+        }                                                                     \
+    } while (0)
+
+/* One arena of 16-byte-aligned memory; segments point into it at chosen
+ * offsets (nothing is read or written through them here). */
+static _Alignas(64) unsigned char g_mem[1 << 16];
+
+static lnorm_segment seg(int op, int dt, int64_t rows, int64_t hidden, size_t xoff, size_t yoff, size_t poff)
+{
+    lnorm_segment s;
+    lnorm_segment_init(&s, (lnorm_op)op, (lnorm_dtype)dt, rows, hidden);
+    s.x = g_mem + xoff;
+    s.y = g_mem + 4096 + yoff;
+    s.gamma = g_mem + 8192 + poff;
+    s.beta = op == LNORM_OP_LAYERNORM ? g_mem + 12288 + poff : NULL;
+    return s;
+}
+
+static void tiers(void)
+{
+    static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    for (int di = 0; di < 3; di++) {
+        const int64_t vec = 16 / (int64_t)lnorm_dtype_size(dts[di]);
+        int prev = 0;
+        for (int64_t h = 1; h <= (int64_t)1 << 21; h = h < 64 ? h + 1 : h + h / 7) {
+            const char *desc = NULL;
+            const int t = lnorm_cuda_tier(dts[di], h, &desc);
+            const int64_t chunks = (h + vec - 1) / vec;
+            CHECK(t >= prev, "tier of H=%lld goes down (%d after %d)", (long long)h, t, prev);
+            prev = t;
+            if (t < LNORM__NREG_TIERS) {
+                CHECK(chunks <= lnorm__tier_cap[t], "H=%lld does not fit tier %d", (long long)h, t);
+                CHECK(t == 0 || chunks > lnorm__tier_cap[t - 1], "H=%lld fits tier %d, got %d", (long long)h, t - 1, t);
+                char want[64];
+                snprintf(want, sizeof want, "reg%dx%dcl%d", lnorm__tier_tpr[t], lnorm__tier_nch[t], lnorm__tier_cl[t]);
+                CHECK(desc && !strcmp(desc, want), "tier %d described as %s, want %s", t, desc ? desc : "NULL", want);
+            } else {
+                CHECK(chunks > lnorm__tier_cap[LNORM__NREG_TIERS - 1], "H=%lld streams but fits", (long long)h);
+                CHECK(desc && !strcmp(desc, "stream1024"), "streaming tier described as %s", desc ? desc : "NULL");
+            }
+        }
+    }
+    CHECK(lnorm_cuda_tier(LNORM_DTYPE_BF16, 0, NULL) == -1, "H = 0 must be refused");
+    CHECK(lnorm_cuda_tier(99, 128, NULL) == -1, "an unknown dtype must be refused");
+}
+
+static int tune(int bulk, int al)
+{
+    return lnorm_cuda_set_tuning("bulk", bulk) || lnorm_cuda_set_tuning("fast_aligned", al);
+}
+
+/* The fast variant one segment is launched with. */
+static int variant_of(const lnorm_segment *s)
+{
+    g_nl = 0;
+    const char *why = NULL;
+    int rc = lnorm_cuda_run_segment(s, NULL, &why);
+    CHECK(rc == LNORM_OK && g_nl == 1, "run_segment: rc %d (%s), %d launches", rc, why ? why : "", g_nl);
+    return g_nl == 1 ? g_l[0].fast : -1;
+}
+
+static void variants(void)
+{
+    /* name, segment, expected fast flags (AL / BULK / NONE) for (bulk, fast_aligned) settings
+     * (1,1) default, (1,0), (1,2), (0,2), (2,1). */
+    enum { AL = LNORM__FAST_AL, BU = LNORM__FAST_BULK, NO = -1, PLAIN = 0 };
+    struct {
+        const char *name;
+        lnorm_segment s;
+        int want[5];
+    } cases[] = {
+        {"bf16 LN H=1024 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0), {AL, BU, AL, AL, BU}},
+        {"f16 LN H=4096 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 4, 4096, 0, 0, 0), {AL, BU, AL, AL, BU}},
+        {"bf16 RMS H=1024 aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0), {PLAIN, PLAIN, AL, AL, BU}},
+        {"f32 LN H=1024 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 1024, 0, 0, 0), {PLAIN, PLAIN, AL, AL, BU}},
+        {"bf16 LN H=1024 y misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 2, 0), {BU, BU, BU, PLAIN, BU}},
+        {"bf16 LN H=1024 gamma misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 4), {BU, BU, BU, PLAIN, BU}},
+        {"bf16 LN H=1024 x misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 2, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
+        {"bf16 LN H=1004 (not whole units)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1004, 0, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
+        {"bf16 LN H=65536 (cluster) aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 65536, 0, 0, 0), {BU, BU, BU, NO, BU}},
+        {"bf16 RMS H=65536 (cluster) x misaligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 65536, 2, 0, 0), {NO, NO, NO, NO, NO}},
+    };
+    static const int set[5][2] = {{1, 1}, {1, 0}, {1, 2}, {0, 2}, {2, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int k = 0; k < 5; k++) {
+            if (tune(set[k][0], set[k][1])) {
+                CHECK(0, "lnorm_cuda_set_tuning refused");
+                continue;
+            }
+            const int v = variant_of(&cases[i].s);
+            const int flags = v < 0 ? -2 : v == LNORM__FAST_NONE ? NO : v & (LNORM__FAST_AL | LNORM__FAST_BULK);
+            CHECK(flags == cases[i].want[k], "%s, bulk %d, fast_aligned %d: variant %d, flags %d, want %d",
+                  cases[i].name, set[k][0], set[k][1], v, flags, cases[i].want[k]);
+            CHECK(v < 0 || (v & LNORM__FAST_AL) == 0 || (v & LNORM__FAST_BULK) == 0, "%s: AL and BULK together",
+                  cases[i].name);
+        }
+    /* No fast variant with a residual, or with y of another dtype. */
+    tune(1, 2);
+    lnorm_segment r = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
+    r.residual = g_mem + 16384;
+    r.residual_out = g_mem + 20480;
+    CHECK(variant_of(&r) == LNORM__FAST_NONE, "a residual must take the general kernel");
+    lnorm_segment y32 = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
+    y32.y_dtype = LNORM_DTYPE_F32;
+    CHECK(variant_of(&y32) == LNORM__FAST_NONE, "y of another dtype must take the general kernel");
+    CHECK(lnorm_cuda_set_tuning("fast_aligned", 3) == LNORM_EINVAL, "fast_aligned 3 must be refused");
+    tune(1, 1);
+}
+
+/* Whether kernel-table entry k satisfies what the form with these flags
+ * assumes. */
+static int qualifies(const lnorm__kseg *k, int x_dtype, int fast)
+{
+    const size_t xs = lnorm_dtype_size(x_dtype);
+    const int bulk = ((uintptr_t)k->x % 16) == 0 && ((size_t)k->x_stride * xs) % 16 == 0 &&
+                     ((size_t)k->hidden * xs) % 16 == 0;
+    const int al = bulk && ((uintptr_t)k->y % 16) == 0 && ((size_t)k->y_stride * xs) % 16 == 0 &&
+                   ((uintptr_t)k->gamma % 16) == 0 && ((uintptr_t)k->beta % 16) == 0;
+    if (fast & LNORM__FAST_AL)
+        return al;
+    if (fast & LNORM__FAST_BULK)
+        return bulk;
+    return 1;
+}
+
+static void batch(int al_setting)
+{
+    enum { NS = 8 };
+    lnorm_segment s[NS] = {
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 3, 1024, 0, 0, 0),      /* AL */
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 5, 960, 2048, 2048, 0), /* AL, same tier */
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 1000, 2, 6, 0),      /* same tier, misaligned */
+        seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0),        /* RMS: another group */
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 1, 65536, 0, 0, 0),     /* cluster, bulk */
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 1, 40000, 0, 0, 0),     /* cluster, bulk */
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 6, 512, 0, 0, 0),        /* f32 */
+        seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 1, 512, 1024, 1024, 0),  /* f32, same group */
+    };
+    tune(1, al_setting);
+    lnorm_batch b = {s, NS};
+    const int want_launches = lnorm_cuda_launch_count(&b);
+    lnorm_cuda_ws *ws = NULL;
+    CHECK(lnorm_cuda_ws_create(&ws, 16) == LNORM_OK, "ws_create");
+    if (!ws)
+        return;
+    g_nl = 0;
+    const char *why = NULL;
+    int rc = lnorm_cuda_run(&b, NULL, ws, &why);
+    CHECK(rc == LNORM_OK, "batch run: %d (%s)", rc, why ? why : "");
+    CHECK(g_nl == want_launches, "fast_aligned %d: %d launches, launch_count says %d", al_setting, g_nl, want_launches);
+    int seen[NS] = {0}, al_launches = 0;
+    for (int i = 0; i < g_nl; i++) {
+        const launch *l = &g_l[i];
+        int64_t rows = 0;
+        for (int j = 0; j < l->nsegs && j < 16; j++) {
+            const lnorm__kseg *k = &l->segs[j];
+            CHECK(k->row_begin == rows, "launch %d entry %d: row_begin %lld, want %lld", i, j, (long long)k->row_begin,
+                  (long long)rows);
+            int found = -1;
+            for (int q = 0; q < NS; q++)
+                if (k->x == s[q].x && k->y == s[q].y && k->hidden == s[q].hidden && k->op == s[q].op)
+                    found = q;
+            CHECK(found >= 0, "launch %d entry %d is no segment of the batch", i, j);
+            if (found < 0)
+                continue;
+            seen[found]++;
+            rows += s[found].rows;
+            CHECK(s[found].x_dtype == l->x_dtype && lnorm_cuda_tier(l->x_dtype, s[found].hidden, NULL) == l->tier,
+                  "segment %d launched with another dtype or tier", found);
+            CHECK(qualifies(k, l->x_dtype, l->fast), "segment %d in a launch of form %d it does not qualify for", found,
+                  l->fast);
+        }
+        CHECK(rows == l->total_rows, "launch %d: %lld rows in its entries, total_rows %lld", i, (long long)rows,
+              (long long)l->total_rows);
+        al_launches += (l->fast & LNORM__FAST_AL) != 0;
+        if ((l->fast & LNORM__FAST_AL) && al_setting == 1)
+            CHECK(l->nsegs == 2, "the AL launch holds %d segments, want 2 (segments 0 and 1)", l->nsegs);
+    }
+    for (int q = 0; q < NS; q++)
+        CHECK(seen[q] == 1, "segment %d launched %d times", q, seen[q]);
+    /* 1: segments 0 and 1 (16-bit LayerNorm); 2: also 3 (RMSNorm) and 6-7 (f32). */
+    static const int want_al[3] = {0, 1, 3};
+    CHECK(al_launches == want_al[al_setting], "fast_aligned %d: %d AL launches, want %d", al_setting, al_launches,
+          want_al[al_setting]);
+    lnorm_cuda_ws_destroy(ws);
+    tune(1, 1);
+}
+
+int main(void)
+{
+    tiers();
+    variants();
+    batch(1);
+    batch(0);
+    batch(2);
+    if (g_fails) {
+        printf("FAIL: %d checks failed\n", g_fails);
+        return 1;
+    }
+    printf("PASS: tiers, fast variants, batch grouping\n");
+    return 0;
+}
