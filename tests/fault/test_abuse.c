@@ -19,9 +19,10 @@
  *    connections holding half a request while /healthz must answer 200
  *    (and /metrics 200 at the end).
  * (five rounds) Checks: the good clients get every reply right and keep
- * making progress during each round; lnormd's RSS after the last round is
- * at most max(16 MiB, 15%) above the highest RSS of the earlier rounds (a
- * leak per abandoned request would add ~40 MiB a round) and never above
+ * making progress during each round; the lower of lnormd's RSS after the
+ * last two rounds is at most max(16 MiB, 15%) above the highest RSS of the
+ * rounds before them (a leak per abandoned request would add ~40 MiB a
+ * round; one high round alone is allocator noise) and never above
  * 512 MiB (in ASan builds LeakSanitizer at lnormd's exit replaces these
  * RSS checks); lnormd is
  * alive after, and exits 0 on SIGTERM.
@@ -418,18 +419,23 @@ int main(int argc, char **argv)
     printf("%s: ASan build: RSS not judged; LeakSanitizer runs at lnormd's exit\n", mode);
 #else
     /* Buffers held for clients that do not read, and allocator caches, make
-     * RSS swing from round to round; a leak keeps adding: the last round
-     * must not exceed the highest of the earlier rounds by more than
-     * max(16 MiB, 15%). */
+     * RSS swing from round to round (one round 25 MiB above the others was
+     * seen in CI, 2026-11-30, with the round after it back down); a leak
+     * keeps adding every round. So the lower of the last two rounds must
+     * not exceed the highest of the rounds before them by more than
+     * max(16 MiB, 15%): a steady leak of more than that per round fails as
+     * before, a single high round does not. */
     long prev_max = 0;
-    for (int i = 0; i < rounds - 1; i++)
+    for (int i = 0; i < rounds - 2; i++)
         prev_max = rss[i] > prev_max ? rss[i] : prev_max;
+    const long last2 = rss[rounds - 1] < rss[rounds - 2] ? rss[rounds - 1] : rss[rounds - 2];
     long allow = prev_max * 15 / 100;
     if (allow < 16 * 1024)
         allow = 16 * 1024;
-    FH_CHECK(rss[rounds - 1] > 0 && rss[rounds - 1] - prev_max <= allow,
-             "RSS in the last round %ld KiB, %ld KiB over the earlier rounds' highest %ld KiB (allowed %ld)",
-             rss[rounds - 1], rss[rounds - 1] - prev_max, prev_max, allow);
+    FH_CHECK(last2 > 0 && last2 - prev_max <= allow,
+             "RSS in the last two rounds %ld and %ld KiB, the lower %ld KiB over the earlier rounds' highest "
+             "%ld KiB (allowed %ld)",
+             rss[rounds - 2], rss[rounds - 1], last2 - prev_max, prev_max, allow);
     long maxrss = 0;
     for (int i = 0; i < rounds; i++)
         maxrss = rss[i] > maxrss ? rss[i] : maxrss;
