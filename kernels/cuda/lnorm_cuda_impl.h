@@ -107,10 +107,6 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 1
 #endif
-/* Tier set 2 (A/B builds only): clusters of 256x4 CTAs, four an SM, up to
- * H = 131072 bf16 / 65536 f32. Against set 1 on the H200 (same run,
- * bench/results/kernels-2026-11-30-36c81d5-ab.log): bf16 LayerNorm H = 65536
- * +7%, f32 H = 65536 (16-CTA clusters) -3 to -5%, the rest within 2%. */
 #if LNORM_CUDA_TIERSET == 3 /* candidate: set 1 with set 2's tier 11 (the only tier where set 2 never lost) */
 #define LNORM__TIERS(X)  \
     LNORM__TIERS_CTA(X)  \
@@ -120,6 +116,10 @@ typedef struct lnorm__kparams {
     X(13, 512, 4, 16)    \
     X(14, 512, 8, 16)
 #elif LNORM_CUDA_TIERSET == 2
+/* Tier set 2 (A/B builds only): clusters of 256x4 CTAs, four an SM, up to
+ * H = 131072 bf16 / 65536 f32. Against set 1 on the H200 (same run,
+ * bench/results/kernels-2026-11-30-36c81d5-ab.log): bf16 LayerNorm H = 65536
+ * +7%, f32 H = 65536 (16-CTA clusters) -3 to -5%, the rest within 2%. */
 #define LNORM__TIERS(X)  \
     LNORM__TIERS_CTA(X)  \
     X(10, 256, 4, 4)     \

@@ -942,12 +942,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                                          const lnorm__kseg *&cs, const unsigned char *srow = nullptr)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
-    /* The 8-chunk (cluster) kernels read gamma/beta with plain loads, one
-     * chunk at a time behind a compiler barrier, as measured at ef6a1bd
-     * (H200, 2026-11-30 00:55): read-only loads without the barrier let the
-     * compiler hoist them, and bf16 RMSNorm in the bulk cluster kernels
-     * spilled more and ran 15-17% slower (e2e430e, 02:39). 4-chunk tiers:
-     * read-only loads, no barrier (k_fast's measured form). */
+    /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
+     * gamma/beta with plain loads, one chunk at a time behind a compiler
+     * barrier, as measured at ef6a1bd (H200, 2026-11-30 00:55): read-only
+     * loads without the barrier let the compiler hoist them, and bf16
+     * RMSNorm in the bulk cluster kernels spilled more and ran 15-17% slower
+     * (e2e430e, 02:39). 4-chunk tiers: read-only loads, no barrier (k_fast's
+     * measured form). */
     constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
     /* F32REG: the row's chunks converted to fp32 once, kept in registers
      * for the three passes (the bulk kernels, where registers are not
@@ -1233,7 +1234,9 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * from the stages, not from registers, so a thread may use more registers
  * than in k_fast (no spills): up to 128 a thread, and at least two
  * 256-thread CTAs per SM (one CTA alone leaves its reductions and stores
- * unoverlapped: measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy). */
+ * unoverlapped: measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy).
+ * 4-chunk cluster kernels (rows in shared memory, SMR): 64 a thread, so
+ * that 2048 threads an SM are resident. */
 #ifndef LNORM_CUDA_CLU_SMEM
 #define LNORM_CUDA_CLU_SMEM 1 /* cluster bulk kernels re-read the row from shared memory in each pass */
 #endif
@@ -1410,7 +1413,8 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     /* Cluster tiers: two CTAs an SM (registers) share all of its shared
      * memory, for three stages each where they fit (SMR holds a stage
      * through the whole row). */
-    const int64_t budget = CL > 1 ? (int64_t)2 * (LNORM__BULK_SMEM_SM / 2 - 4096) : (int64_t)lnorm__bulk_smem_kb * 1024;
+    const int64_t budget = CL > 1 ? (int64_t)LNORM__BULK_SMEM_SM - 8192 /* static memory of two CTAs */
+                                  : (int64_t)lnorm__bulk_smem_kb * 1024;
     int n = occ, stages = 0;
     for (; n >= 1; n--) {
         int64_t per = budget / n;

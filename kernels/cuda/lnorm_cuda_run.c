@@ -117,16 +117,15 @@ static int lnorm__bulk_ok(const lnorm_segment *s)
     return ((uintptr_t)s->x % 16) == 0 && ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->hidden * xs) % 16 == 0;
 }
 
-/* Whether a segment qualifies for k_fast's straight-line form: x, y,
- * gamma and beta 16-byte aligned, H and both strides whole 16-byte units
- * (in x's dtype; parameters of f32 then are whole units too), so every
- * chunk of a row is either inside it or past its end. */
+/* Whether a segment qualifies for k_fast's straight-line form: its x rows
+ * as for the bulk copies, and y, gamma and beta 16-byte aligned with a y
+ * stride of whole 16-byte units (parameters of f32 are then whole units
+ * too), so every chunk of a row is either inside it or past its end. */
 static int lnorm__al_ok(const lnorm_segment *s)
 {
     const size_t xs = lnorm_dtype_size(s->x_dtype);
-    return ((uintptr_t)s->x % 16) == 0 && ((uintptr_t)s->y % 16) == 0 && ((uintptr_t)s->gamma % 16) == 0 &&
-           ((uintptr_t)s->beta % 16) == 0 && ((size_t)s->hidden * xs) % 16 == 0 &&
-           ((size_t)s->x_stride * xs) % 16 == 0 && ((size_t)s->y_stride * xs) % 16 == 0;
+    return lnorm__bulk_ok(s) && ((uintptr_t)s->y % 16) == 0 && ((size_t)s->y_stride * xs) % 16 == 0 &&
+           ((uintptr_t)s->gamma % 16) == 0 && ((uintptr_t)s->beta % 16) == 0;
 }
 
 /* Where k_fast's straight-line form beats its general form (H200, same
