@@ -12,7 +12,11 @@
 # Tuning variants of the bench library found under <build>/ab/<name>/
 # (scripts/device-ab-build.sh) are
 # timed beside the default build (bench/kernels.py --alt).
-# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench]
+# Two short steps for A/B calls (not the proof): quick (test_gpu --quick)
+# and ab (bench/kernels.py without peers on AB_HS, default
+# 1024,4096,16384,32768,65536,131072,262144; AB_OPS, AB_DTYPES; extra
+# arguments in AB_ARGS, e.g. "--variant nobulk=bulk:0").
+# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench,quick,ab]
 set -u
 B=${1:-build-sm90}
 STEPS=${2:-test,backend,san,triton,bench}
@@ -36,6 +40,9 @@ step() { # name, timeout, log, command...
   echo "$name: rc=$rc ($((SECONDS - t0)) s) $(tail -n 1 "$log" | cut -c1-200)" >>"$S"
   [ $rc -eq 0 ] || fail=1
 }
+case ",$STEPS," in *,quick,*)
+  step gpu-test-quick 150 "$OUT/quick-test.log" "$B/tests/gpu/test_gpu" --quick ;;
+esac
 case ",$STEPS," in *,test,*)
   step gpu-test 240 "$OUT/gpu-test.log" "$B/tests/gpu/test_gpu" ;;
 esac
@@ -52,12 +59,19 @@ esac
 case ",$STEPS," in *,triton,*)
   step triton-test 240 "$OUT/triton-test.log" python3 kernels/triton/test_lnorm_triton.py ;;
 esac
+ALTS=()
+for so in "$B"/ab/*/liblnorm_cuda_bench.so; do
+  [ -f "$so" ] && ALTS+=(--alt "$(basename "$(dirname "$so")")=$so")
+done
 case ",$STEPS," in *,bench,*)
-  ALTS=()
-  for so in "$B"/ab/*/liblnorm_cuda_bench.so; do
-    [ -f "$so" ] && ALTS+=(--alt "$(basename "$(dirname "$so")")=$so")
-  done
   step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" "${ALTS[@]}" ;;
+esac
+case ",$STEPS," in *,ab,*)
+  read -r -a AB_EXTRA <<<"${AB_ARGS:-}"
+  step ab 300 "$OUT/ab.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" \
+    --commit "$COMMIT" --no-peers --hs "${AB_HS:-1024,4096,16384,32768,65536,131072,262144}" \
+    --ops "${AB_OPS:-ln,rms}" --dtypes "${AB_DTYPES:-bfloat16,float32}" "${ALTS[@]}" "${AB_EXTRA[@]}"
+  grep -v '^wrote' "$OUT/ab.log" ;;
 esac
 cat "$S"
 exit $fail
