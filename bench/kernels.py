@@ -128,6 +128,26 @@ def main():
     comp_ln = torch.compile(_ln, dynamic=False)
     comp_rms = torch.compile(_rms, dynamic=False)
     compile_spent = 0.0
+
+    def time_peers(res, gbs, op, x, w, b, y):
+        """torch eager, the Triton seed kernel and torch.compile (until its compile budget is spent)."""
+        nonlocal compile_spent
+        res["torch_eager"] = gbs(triton.testing.do_bench(eager(op, x, w, b), return_mode="median"))
+        if op == "ln":
+            fn_t = lambda: triton_norm(x, w, b, 1e-5, rms=False, out=y)  # noqa: E731
+        else:
+            fn_t = lambda: triton_norm(x, w, None, 1e-5, rms=True, out=y)  # noqa: E731
+        res["triton_seed"] = gbs(triton.testing.do_bench(fn_t, return_mode="median"))
+        if compile_spent < a.compile_budget_s:
+            t0 = time.time()
+            fn_c = (lambda: comp_ln(x, w, b)) if op == "ln" else (lambda: comp_rms(x, w))
+            fn_c()
+            torch.cuda.synchronize()
+            compile_spent += time.time() - t0
+            res["torch_compile"] = gbs(triton.testing.do_bench(fn_c, return_mode="median"))
+        else:
+            res["torch_compile"] = None  # skipped: compile time budget spent
+        res["best_peer"] = max(res[k] for k in ("torch_eager", "torch_compile", "triton_seed") if res[k])
     rows = []
     copy_gbs = {}
     torch.manual_seed(0)
@@ -175,45 +195,23 @@ def main():
                 for name, alib in alts:
                     fn_a = lnormd_fn(alib, op, x, w, b, y)
                     res["lnormd_" + name] = gbs(triton.testing.do_bench(fn_a, return_mode="median"))
-                if a.no_peers:
-                    rows.append(res)
-                    print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s}{'B' if res.get('lnormd_uses_bulk') else ' '} lnormd {res['lnormd']:6.0f} "
-                          f"vs copy {res['lnormd'] / copy_gbs[res['dtype']]:.2f} (maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
-                          + "".join(f" {n} {res['lnormd_' + n]:.0f}" for n, _ in alts)
-                          + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
-                                    for n, _ in variants), flush=True)
-                    del y
-                    continue
-                res["torch_eager"] = gbs(triton.testing.do_bench(eager(op, x, w, b), return_mode="median"))
-                if op == "ln":
-                    fn_t = lambda: triton_norm(x, w, b, 1e-5, rms=False, out=y)  # noqa: E731
-                else:
-                    fn_t = lambda: triton_norm(x, w, None, 1e-5, rms=True, out=y)  # noqa: E731
-                res["triton_seed"] = gbs(triton.testing.do_bench(fn_t, return_mode="median"))
-                if compile_spent < a.compile_budget_s:
-                    t0 = time.time()
-                    fn_c = (lambda: comp_ln(x, w, b)) if op == "ln" else (lambda: comp_rms(x, w))
-                    fn_c()
-                    torch.cuda.synchronize()
-                    compile_spent += time.time() - t0
-                    res["torch_compile"] = gbs(triton.testing.do_bench(fn_c, return_mode="median"))
-                else:
-                    res["torch_compile"] = None  # skipped: compile time budget spent
-                peers = [res[k] for k in ("torch_eager", "torch_compile", "triton_seed") if res[k]]
-                res["best_peer"] = max(peers)
                 cp = copy_gbs[res["dtype"]]
                 res["copy"] = cp
-                res["lnormd_vs_best_peer"] = res["lnormd"] / res["best_peer"]
                 res["lnormd_vs_copy"] = res["lnormd"] / cp
-                target = 0.95 if H <= 16384 else 0.85
-                res["meets_target"] = bool(res["lnormd"] >= res["best_peer"] and res["lnormd"] >= target * cp)
+                mid = verdict = ""
+                if not a.no_peers:
+                    time_peers(res, gbs, op, x, w, b, y)
+                    res["lnormd_vs_best_peer"] = res["lnormd"] / res["best_peer"]
+                    target = 0.95 if H <= 16384 else 0.85
+                    res["meets_target"] = bool(res["lnormd"] >= res["best_peer"] and res["lnormd"] >= target * cp)
+                    tc = res["torch_compile"]
+                    mid = (f"eager {res['torch_eager']:6.0f} compile {tc if tc is None else round(tc):>6} "
+                           f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} ")
+                    verdict = "OK " if res["meets_target"] else "MISS "
                 rows.append(res)
-                tc = res["torch_compile"]
                 print(f"{op:3s} {res['dtype']:8s} H={H:6d} {res['lnormd_tier']:16s}{'B' if res.get('lnormd_uses_bulk') else ' '} lnormd {res['lnormd']:6.0f} "
-                      f"eager {res['torch_eager']:6.0f} compile {tc if tc is None else round(tc):>6} "
-                      f"triton {res['triton_seed']:6.0f} | vs peer {res['lnormd_vs_best_peer']:.2f} "
-                      f"vs copy {res['lnormd_vs_copy']:.2f} {'OK' if res['meets_target'] else 'MISS'} "
-                      f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
+                      + mid + f"vs copy {res['lnormd_vs_copy']:.2f} " + verdict
+                      + f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
                       + "".join(f" {n} {res['lnormd_' + n]:.0f}" for n, _ in alts)
                       + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
                                 for n, _ in variants), flush=True)
