@@ -1094,9 +1094,15 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
 #ifndef LNORM_CUDA_FAST_REGS
 #define LNORM_CUDA_FAST_REGS 72 /* register budget of k_fast in 128-thread CTAs (larger CTAs: 64) */
 #endif
+#ifndef LNORM_CUDA_FAST_REGS_BIG
+#define LNORM_CUDA_FAST_REGS_BIG 64 /* register budget of k_fast in CTAs of 256 threads and more */
+#endif
+#ifndef LNORM_CUDA_FAST_F32REG
+#define LNORM_CUDA_FAST_F32REG 1 /* k_fast converts the row to fp32 once (0: unpacks it in each pass) */
+#endif
 template <int TPR, int NCH> struct FastShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int regs = block == 128 ? LNORM_CUDA_FAST_REGS : 64;
+    static constexpr int regs = block == 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
 
@@ -1142,7 +1148,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
                 raw[j] = load_raw<TX>(xr, c0, H, xal);
         }
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, true, AL>(raw, s, r, H, active, K, 0, t, red, nullptr, par,
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, LNORM_CUDA_FAST_F32REG != 0, AL>(raw, s, r, H, active, K, 0, t, red, nullptr, par,
                                                                  gcache, bcache, cs);
     }
 }
