@@ -920,6 +920,20 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
  * (FastGC). */
 #define LNORM_CUDA_BULK_GCACHE 2
 #endif
+/* SHIFTED (LayerNorm rows held as fp32, F32REG): the first pass stores
+ * x - K in place of x, so the later passes subtract the mean only, from the
+ * same rounded x - K (same bits, one addition less an element in each of
+ * the two later passes). 0: recompute x - K in each pass. */
+#ifndef LNORM_CUDA_FAST_KREUSE
+#define LNORM_CUDA_FAST_KREUSE 1
+#endif
+/* The output pass specialized on which of gamma and beta the segment has
+ * (one branch a row), so that absent parameters cost no fill values and
+ * the identities fold (x * 1 + b, n * g + -0: same bits). 0: one generic
+ * loop that tests for absent parameters chunk by chunk. */
+#ifndef LNORM_CUDA_FAST_PSPEC
+#define LNORM_CUDA_FAST_PSPEC 1
+#endif
 template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct FastGC {
     static constexpr int mode = BULK ? LNORM_CUDA_BULK_GCACHE : LNORM_CUDA_FAST_GCACHE;
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
@@ -961,6 +975,16 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++)
             unpack<TX>(raw[j], fv[j]);
     }
+    constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
+    /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
+    auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
+        if constexpr (RMS)
+            return f[k];
+        else if constexpr (SHIFTED)
+            return f[k] - d;
+        else
+            return (f[k] - K) - d;
+    };
     /* Chunk j of the row as fp32. */
     auto chunk = [&](int j, float (&f)[VEC]) {
         if constexpr (F32REG) {
@@ -981,14 +1005,23 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
             float f[VEC];
             chunk(j, f);
+            if constexpr (SHIFTED) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    fv[j][k] = f[k] = f[k] - K;
+            } else if constexpr (!RMS) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    f[k] = f[k] - K;
+            }
             if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
-                    sum += f[k] - K;
+                    sum += f[k];
             } else if (!AL) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
-                    sum += (c0 + k < H) ? f[k] - K : 0.0f;
+                    sum += (c0 + k < H) ? f[k] : 0.0f;
             }
         }
         sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
@@ -1004,13 +1037,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                const float e = RMS ? f[k] : (f[k] - K) - d;
+                const float e = cen(f, k, d);
                 sq = __fmaf_rn(e, e, sq);
             }
         } else if (!AL) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                const float e = (c0 + k < H) ? (RMS ? f[k] : (f[k] - K) - d) : 0.0f;
+                const float e = (c0 + k < H) ? cen(f, k, d) : 0.0f;
                 sq = __fmaf_rn(e, e, sq);
             }
         }
@@ -1043,36 +1076,50 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     }
     TX *yr = (TX *)s->y + r * s->y_stride;
     const bool yal = ((uintptr_t)yr & 15) == 0;
+    /* The output pass; g_ / b_: gamma / beta, or a null constant where the
+     * caller knows the parameter is absent (so its fills fold away). */
+    auto emit = [&](const TP *g_, const TP *b_) {
 #pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-        if (c0 >= H)
-            continue;
-        float f[VEC], g[VEC], b[VEC];
-        chunk(j, f);
-        if constexpr (GC) {
-            unpack<TP>(gcache[j], g);
-            unpack<TP>(bcache[j], b);
-        } else if constexpr (AL) {
-            load_param_full<TP, VEC>(gp, c0, 1.0f, g);
-            load_param_full<TP, VEC>(bp, c0, -0.0f, b);
-        } else {
-            load_param<TP, VEC, NC4>(gp, c0, H, gal, 1.0f, g);
-            load_param<TP, VEC, NC4>(bp, c0, H, bal, -0.0f, b);
-        }
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            if (c0 >= H)
+                continue;
+            float f[VEC], g[VEC], b[VEC];
+            chunk(j, f);
+            if constexpr (GC) {
+                unpack<TP>(gcache[j], g);
+                unpack<TP>(bcache[j], b);
+            } else if constexpr (AL) {
+                load_param_full<TP, VEC>(g_, c0, 1.0f, g);
+                load_param_full<TP, VEC>(b_, c0, -0.0f, b);
+            } else {
+                load_param<TP, VEC, NC4>(g_, c0, H, gal, 1.0f, g);
+                load_param<TP, VEC, NC4>(b_, c0, H, bal, -0.0f, b);
+            }
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            const float n = __fmul_rn(RMS ? f[k] : (f[k] - K) - d, rstd);
-            f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
-        }
-        if constexpr (AL)
-            *reinterpret_cast<uint4 *>(yr + c0) = pack<TX>(f);
-        else
-            store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+            for (int k = 0; k < VEC; k++) {
+                const float n = __fmul_rn(cen(f, k, d), rstd);
+                f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
+            }
+            if constexpr (AL)
+                *reinterpret_cast<uint4 *>(yr + c0) = pack<TX>(f);
+            else
+                store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
 #if LNORM_CUDA_EMIT_BARRIER
-        if constexpr (!NC4)
-            asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
+            if constexpr (!NC4)
+                asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
 #endif
+        }
+    };
+    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
+        if (gp != nullptr && bp != nullptr)
+            emit(gp, bp);
+        else if (gp != nullptr)
+            emit(gp, nullptr);
+        else
+            emit(nullptr, bp);
+    } else {
+        emit(gp, bp);
     }
 }
 
@@ -1096,6 +1143,9 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
 #endif
 #ifndef LNORM_CUDA_FAST_REGS_BIG
 #define LNORM_CUDA_FAST_REGS_BIG 64 /* register budget of k_fast in CTAs of 256 threads and more */
+#endif
+#ifndef LNORM_CUDA_AL_LDCS
+#define LNORM_CUDA_AL_LDCS 1 /* the straight-line form loads x with evict-first (streaming) loads */
 #endif
 #ifndef LNORM_CUDA_FAST_F32REG
 #define LNORM_CUDA_FAST_F32REG 1 /* k_fast converts the row to fp32 once (0: unpacks it in each pass) */
@@ -1143,7 +1193,9 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
         for (int j = 0; j < NCH; j++) {
             const int c0 = (j * TPR + t) * VEC;
             if constexpr (AL)
-                raw[j] = c0 < H ? __ldcs(reinterpret_cast<const uint4 *>(xr + c0)) : make_uint4(0u, 0u, 0u, 0u);
+                raw[j] = c0 < H ? (LNORM_CUDA_AL_LDCS ? __ldcs(reinterpret_cast<const uint4 *>(xr + c0))
+                                                      : *reinterpret_cast<const uint4 *>(xr + c0))
+                                : make_uint4(0u, 0u, 0u, 0u);
             else
                 raw[j] = load_raw<TX>(xr, c0, H, xal);
         }

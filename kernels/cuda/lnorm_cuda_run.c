@@ -72,7 +72,10 @@ int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
 int lnorm__bulk_smem_kb = 64;
 int lnorm__fast_grid = 0;
-int lnorm__fast_aligned = 1;
+#ifndef LNORM_CUDA_FAST_ALIGNED
+#define LNORM_CUDA_FAST_ALIGNED 1 /* initial "fast_aligned" (A/B builds may start elsewhere) */
+#endif
+int lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
 long lnorm__al_launches = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
