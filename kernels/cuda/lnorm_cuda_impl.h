@@ -107,7 +107,26 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 3
 #endif
-#if LNORM_CUDA_TIERSET == 3
+#if LNORM_CUDA_TIERSET == 4
+/* Tier set 4 (A/B builds): set 3 with two chunks a thread in the one-CTA
+ * tiers (twice the threads a row, half the registers a thread). */
+#define LNORM__TIERS(X)  \
+    X(0, 2, 2, 1)        \
+    X(1, 4, 2, 1)        \
+    X(2, 8, 2, 1)        \
+    X(3, 16, 2, 1)       \
+    X(4, 32, 2, 1)       \
+    X(5, 64, 2, 1)       \
+    X(6, 128, 2, 1)      \
+    X(7, 256, 2, 1)      \
+    X(8, 512, 2, 1)      \
+    X(9, 1024, 2, 1)     \
+    X(10, 512, 4, 2)     \
+    X(11, 256, 4, 8)     \
+    X(12, 512, 4, 8)     \
+    X(13, 512, 4, 16)    \
+    X(14, 512, 8, 16)
+#elif LNORM_CUDA_TIERSET == 3
 /* Tier set 3 (default since 2026-11-30, session 5): set 1 with set 2's tier
  * 11 (256x4 CTAs, clusters of 8: bf16 H = 65536, f32 H = 32768). Against
  * set 1 on the H200 (same run, bench/results/kernels-2026-11-30-2f1a128-ab):

@@ -283,13 +283,30 @@ template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16
     return r.u;
 }
 
+/* Loads of x with the evict-first (streaming, .cs) hint: 0 (default) plain
+ * loads. The hint cost every one-CTA kernel 4-8% (H200, same run,
+ * bench/results/kernels-2026-11-30-8eaab13-ab.json: the straight-line form
+ * without it 3961-4054 GB/s for bf16 LayerNorm at H = 128-4096 and
+ * 4074-4172 for f32, against 3651-3874 and 3896-4040 with it). */
+#ifndef LNORM_CUDA_LDCS
+#define LNORM_CUDA_LDCS 0
+#endif
+template <typename T> __device__ __forceinline__ T load_x16(const T *p)
+{
+#if LNORM_CUDA_LDCS
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
 /* Load the x-dtype chunk at column c0 of row p as raw bits (columns >= H
- * read as +0). al: p is 16-byte aligned. Streaming (evict-first) loads. */
+ * read as +0). al: p is 16-byte aligned. */
 template <typename TX> __device__ __forceinline__ uint4 load_raw(const TX *p, int c0, int H, bool al)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     if (al && c0 + VEC <= H)
-        return __ldcs(reinterpret_cast<const uint4 *>(p + c0));
+        return load_x16(reinterpret_cast<const uint4 *>(p + c0));
     Raw<TX> r;
     r.u = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
@@ -1144,9 +1161,6 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
 #ifndef LNORM_CUDA_FAST_REGS_BIG
 #define LNORM_CUDA_FAST_REGS_BIG 64 /* register budget of k_fast in CTAs of 256 threads and more */
 #endif
-#ifndef LNORM_CUDA_AL_LDCS
-#define LNORM_CUDA_AL_LDCS 1 /* the straight-line form loads x with evict-first (streaming) loads */
-#endif
 #ifndef LNORM_CUDA_FAST_F32REG
 #define LNORM_CUDA_FAST_F32REG 1 /* k_fast converts the row to fp32 once (0: unpacks it in each pass) */
 #endif
@@ -1193,9 +1207,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
         for (int j = 0; j < NCH; j++) {
             const int c0 = (j * TPR + t) * VEC;
             if constexpr (AL)
-                raw[j] = c0 < H ? (LNORM_CUDA_AL_LDCS ? __ldcs(reinterpret_cast<const uint4 *>(xr + c0))
-                                                      : *reinterpret_cast<const uint4 *>(xr + c0))
-                                : make_uint4(0u, 0u, 0u, 0u);
+                raw[j] = c0 < H ? load_x16(reinterpret_cast<const uint4 *>(xr + c0)) : make_uint4(0u, 0u, 0u, 0u);
             else
                 raw[j] = load_raw<TX>(xr, c0, H, xal);
         }

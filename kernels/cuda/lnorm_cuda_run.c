@@ -131,14 +131,20 @@ static int lnorm__al_ok(const lnorm_segment *s)
            ((uintptr_t)s->gamma % 16) == 0 && ((uintptr_t)s->beta % 16) == 0;
 }
 
-/* Where k_fast's straight-line form beats its general form (H200, same
- * run, bench/results/kernels-2026-11-30-66ada5e-ab.json): LayerNorm with
- * 16-bit x (bf16 H = 1024 / 4096: 3799 / 3692 GB/s against 3516 / 3525,
- * and ahead of the bulk kernels: kernels-2026-11-30-ab486a7.json); not
- * RMSNorm nor f32 x, where it measured 1-3.5% slower in two runs. */
+/* Where k_fast's straight-line form is taken when "fast_aligned" is 1:
+ * LNORM_CUDA_AL_POLICY 2 (default) every op and dtype, 1 LayerNorm with
+ * 16-bit x only. Once x was read with plain loads (LNORM_CUDA_LDCS 0), the
+ * form ran ahead of the general one everywhere (H200, same run,
+ * bench/results/kernels-2026-11-30-8eaab13-ab.json: f32 and RMSNorm rows
+ * 4074-4172 GB/s at H <= 8192, against 3893-4040); policy 1 was measured
+ * with the streaming loads, where it lost 1-3.5% outside 16-bit
+ * LayerNorm (kernels-2026-11-30-66ada5e-ab.json). */
+#ifndef LNORM_CUDA_AL_POLICY
+#define LNORM_CUDA_AL_POLICY 2
+#endif
 static int lnorm__al_pays(const lnorm_segment *s)
 {
-    return s->op == LNORM_OP_LAYERNORM && s->x_dtype != LNORM_DTYPE_F32;
+    return LNORM_CUDA_AL_POLICY == 2 || (s->op == LNORM_OP_LAYERNORM && s->x_dtype != LNORM_DTYPE_F32);
 }
 
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
