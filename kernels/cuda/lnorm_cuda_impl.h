@@ -100,40 +100,46 @@ typedef struct lnorm__kparams {
     X(4, 16, 4, 1)          \
     X(5, 32, 4, 1)          \
     X(6, 64, 4, 1)          \
-    X(7, 128, 4, 1)         \
-    X(8, 256, 4, 1)         \
+    LNORM__TIERS_CTA_HI(X)
+#define LNORM__TIERS_CTA_HI(X) \
+    X(7, 128, 4, 1)            \
+    X(8, 256, 4, 1)            \
     X(9, 512, 4, 1)
+
+/* f32 x (LNORM_CUDA_F32_NCH2, default 1): tiers 0-6 (H <= 1024) with two
+ * chunks a thread and twice the threads a row, the same capacities (so the
+ * same tier numbers). Against four chunks, same run on the H200
+ * (bench/results/kernels-2026-11-30-4bb3898-ab.log, build t4): f32 H =
+ * 128-1024 4169-4205 GB/s against 4066-4101; from H = 2048 up two chunks
+ * were slower (and for 16-bit x at every size), so the other tiers and
+ * dtypes keep four. */
+#ifndef LNORM_CUDA_F32_NCH2
+#define LNORM_CUDA_F32_NCH2 1
+#endif
+#if LNORM_CUDA_F32_NCH2
+#define LNORM__TIERS_CTA_F32(X) \
+    X(0, 2, 2, 1)               \
+    X(1, 4, 2, 1)               \
+    X(2, 8, 2, 1)               \
+    X(3, 16, 2, 1)              \
+    X(4, 32, 2, 1)              \
+    X(5, 64, 2, 1)              \
+    X(6, 128, 2, 1)             \
+    LNORM__TIERS_CTA_HI(X)
+#else
+#define LNORM__TIERS_CTA_F32(X) LNORM__TIERS_CTA(X)
+#endif
 
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 3
 #endif
-#if LNORM_CUDA_TIERSET == 4
-/* Tier set 4 (A/B builds): set 3 with two chunks a thread in the one-CTA
- * tiers (twice the threads a row, half the registers a thread). */
-#define LNORM__TIERS(X)  \
-    X(0, 2, 2, 1)        \
-    X(1, 4, 2, 1)        \
-    X(2, 8, 2, 1)        \
-    X(3, 16, 2, 1)       \
-    X(4, 32, 2, 1)       \
-    X(5, 64, 2, 1)       \
-    X(6, 128, 2, 1)      \
-    X(7, 256, 2, 1)      \
-    X(8, 512, 2, 1)      \
-    X(9, 1024, 2, 1)     \
-    X(10, 512, 4, 2)     \
-    X(11, 256, 4, 8)     \
-    X(12, 512, 4, 8)     \
-    X(13, 512, 4, 16)    \
-    X(14, 512, 8, 16)
-#elif LNORM_CUDA_TIERSET == 3
+#if LNORM_CUDA_TIERSET == 3
 /* Tier set 3 (default since 2026-11-30, session 5): set 1 with set 2's tier
  * 11 (256x4 CTAs, clusters of 8: bf16 H = 65536, f32 H = 32768). Against
  * set 1 on the H200 (same run, bench/results/kernels-2026-11-30-2f1a128-ab):
  * bf16 LayerNorm H = 65536 2350 against 2177 GB/s, f32 RMSNorm H = 32768
  * 3765 against 3698, the other rows of the tier within 0.3%. */
-#define LNORM__TIERS(X)  \
-    LNORM__TIERS_CTA(X)  \
+#define LNORM__TIERS_CLU(X)  \
     X(10, 512, 4, 2)     \
     X(11, 256, 4, 8)     \
     X(12, 512, 4, 8)     \
@@ -144,30 +150,32 @@ typedef struct lnorm__kparams {
  * H = 131072 bf16 / 65536 f32. Against set 1 on the H200 (same run,
  * bench/results/kernels-2026-11-30-36c81d5-ab.log): bf16 LayerNorm H = 65536
  * +7%, f32 H = 65536 (16-CTA clusters) -3 to -5%, the rest within 2%. */
-#define LNORM__TIERS(X)  \
-    LNORM__TIERS_CTA(X)  \
+#define LNORM__TIERS_CLU(X)  \
     X(10, 256, 4, 4)     \
     X(11, 256, 4, 8)     \
     X(12, 256, 4, 16)    \
     X(13, 512, 4, 16)    \
     X(14, 512, 8, 16)
 #elif LNORM_CUDA_TIERSET == 1 /* default until set 3: clusters of 512x4 CTAs from H = 32768 (bf16) / 16384 (f32) */
-#define LNORM__TIERS(X)  \
-    LNORM__TIERS_CTA(X)  \
+#define LNORM__TIERS_CLU(X)  \
     X(10, 512, 4, 2)     \
     X(11, 512, 4, 4)     \
     X(12, 512, 4, 8)     \
     X(13, 512, 4, 16)    \
     X(14, 512, 8, 16)
 #else /* LNORM_CUDA_TIERSET 0 (before 2026-11-30): one 1024x4 CTA, then clusters of 256x8 CTAs */
-#define LNORM__TIERS(X)  \
-    LNORM__TIERS_CTA(X)  \
+#define LNORM__TIERS_CLU(X)  \
     X(10, 1024, 4, 1)    \
     X(11, 256, 8, 4)     \
     X(12, 256, 8, 8)     \
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
 #endif
+
+/* The register tiers of 16-bit x and of f32 x: the same capacities (tier
+ * numbers), shapes that differ where LNORM__TIERS_CTA_F32 says so. */
+#define LNORM__TIERS(X) LNORM__TIERS_CTA(X) LNORM__TIERS_CLU(X)
+#define LNORM__TIERS_F32(X) LNORM__TIERS_CTA_F32(X) LNORM__TIERS_CLU(X)
 
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
 #define LNORM__NREG_TIERS 15

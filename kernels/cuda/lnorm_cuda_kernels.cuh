@@ -1616,38 +1616,52 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
 /* Launch tier `tier` for x of type TX. The 16-CTA cluster tier needs a
  * non-portable cluster size; where the device refuses it, the streaming
  * tier runs instead. */
+/* The tier switches of launch_tier, for a tier table T (LNORM__TIERS or,
+ * for f32 x, LNORM__TIERS_F32). */
+#define LNORM__FAST_SWITCH(T)                                       \
+    switch (tier) {                                                 \
+        T(LNORM__FCASE)                                             \
+    default:                                                        \
+        return (int)cudaErrorInvalidValue;                          \
+    }
+#define LNORM__FCASE(i, tpr, nch, cl)                               \
+    case i:                                                         \
+        e = launch_fast_tier<TX, tpr, nch, cl>(p, st, &handled);    \
+        break;
+#define LNORM__REG_SWITCH(T)                                        \
+    switch (tier) {                                                 \
+        T(LNORM__CASE)                                              \
+    case LNORM__NREG_TIERS:                                         \
+        return (int)launch_stream<TX>(p, st);                       \
+    default:                                                        \
+        return (int)cudaErrorInvalidValue;                          \
+    }
+#define LNORM__CASE(i, tpr, nch, cl)                 \
+    case i:                                          \
+        e = launch_reg<TX, tpr, nch, cl>(p, st);     \
+        break;
+
 template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p, void *stream)
 {
+    constexpr bool F32 = std::is_same<TX, float>::value;
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e;
 #if LNORM_CUDA_FASTPATH
     if (p->fast != LNORM__FAST_NONE && tier < LNORM__NREG_TIERS) {
         bool handled = true;
-        switch (tier) {
-#define LNORM__FCASE(i, tpr, nch, cl)                               \
-    case i:                                                         \
-        e = launch_fast_tier<TX, tpr, nch, cl>(p, st, &handled);    \
-        break;
-            LNORM__TIERS(LNORM__FCASE)
-#undef LNORM__FCASE
-        default:
-            return (int)cudaErrorInvalidValue;
+        if constexpr (F32) {
+            LNORM__FAST_SWITCH(LNORM__TIERS_F32)
+        } else {
+            LNORM__FAST_SWITCH(LNORM__TIERS)
         }
         if (handled)
             return (int)e;
     }
 #endif
-    switch (tier) {
-#define LNORM__CASE(i, tpr, nch, cl)                 \
-    case i:                                          \
-        e = launch_reg<TX, tpr, nch, cl>(p, st);     \
-        break;
-        LNORM__TIERS(LNORM__CASE)
-#undef LNORM__CASE
-    case LNORM__NREG_TIERS:
-        return (int)launch_stream<TX>(p, st);
-    default:
-        return (int)cudaErrorInvalidValue;
+    if constexpr (F32) {
+        LNORM__REG_SWITCH(LNORM__TIERS_F32)
+    } else {
+        LNORM__REG_SWITCH(LNORM__TIERS)
     }
     if (e != cudaSuccess && tier == LNORM__NREG_TIERS - 1) {
         (void)cudaGetLastError();
@@ -1655,6 +1669,10 @@ template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p,
     }
     return (int)e;
 }
+#undef LNORM__FAST_SWITCH
+#undef LNORM__FCASE
+#undef LNORM__REG_SWITCH
+#undef LNORM__CASE
 
 } // namespace lnorm_cuda
 

@@ -18,37 +18,49 @@ struct lnorm_cuda_ws {
     int pending;         /* an upload was recorded and not yet waited for */
 };
 
-/* Capacities of the register tiers, in 16-byte chunks (TPR * NCH * CL). */
-static const int64_t lnorm__tier_cap[LNORM__NREG_TIERS] = {
+/* The register tiers' shapes, [0] for 16-bit x (LNORM__TIERS), [1] for f32
+ * x (LNORM__TIERS_F32). Capacities in 16-byte chunks (TPR * NCH * CL). */
+static const int64_t lnorm__tier_cap[2][LNORM__NREG_TIERS] = {
 #define LNORM__CAP(i, tpr, nch, cl) (int64_t)(tpr) * (nch) * (cl),
-    LNORM__TIERS(LNORM__CAP)
+    {LNORM__TIERS(LNORM__CAP)},
+    {LNORM__TIERS_F32(LNORM__CAP)},
 #undef LNORM__CAP
 };
 
 /* Threads per row and chunks per thread of the register tiers. */
-static const int lnorm__tier_tpr[LNORM__NREG_TIERS] = {
+static const int lnorm__tier_tpr[2][LNORM__NREG_TIERS] = {
 #define LNORM__TPR(i, tpr, nch, cl) (tpr),
-    LNORM__TIERS(LNORM__TPR)
+    {LNORM__TIERS(LNORM__TPR)},
+    {LNORM__TIERS_F32(LNORM__TPR)},
 #undef LNORM__TPR
 };
-static const int lnorm__tier_nch[LNORM__NREG_TIERS] = {
+static const int lnorm__tier_nch[2][LNORM__NREG_TIERS] = {
 #define LNORM__NCH(i, tpr, nch, cl) (nch),
-    LNORM__TIERS(LNORM__NCH)
+    {LNORM__TIERS(LNORM__NCH)},
+    {LNORM__TIERS_F32(LNORM__NCH)},
 #undef LNORM__NCH
 };
 
 /* CTAs per row of the register tiers. */
-static const int lnorm__tier_cl[LNORM__NREG_TIERS] = {
+static const int lnorm__tier_cl[2][LNORM__NREG_TIERS] = {
 #define LNORM__CL(i, tpr, nch, cl) (cl),
-    LNORM__TIERS(LNORM__CL)
+    {LNORM__TIERS(LNORM__CL)},
+    {LNORM__TIERS_F32(LNORM__CL)},
 #undef LNORM__CL
 };
 
-static const char *const lnorm__tier_desc[LNORM__NREG_TIERS + 1] = {
+static const char *const lnorm__tier_desc[2][LNORM__NREG_TIERS + 1] = {
 #define LNORM__DESC(i, tpr, nch, cl) "reg" #tpr "x" #nch "cl" #cl,
-    LNORM__TIERS(LNORM__DESC)
+    {LNORM__TIERS(LNORM__DESC) "stream1024"},
+    {LNORM__TIERS_F32(LNORM__DESC) "stream1024"},
 #undef LNORM__DESC
-    "stream1024"};
+};
+
+/* Which shape table x of this dtype uses. */
+static int lnorm__tt(int x_dtype)
+{
+    return x_dtype == LNORM_DTYPE_F32;
+}
 
 int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
 {
@@ -58,12 +70,12 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
     const int64_t chunks = (hidden + vec - 1) / vec;
     int t = LNORM__NREG_TIERS;
     for (int i = 0; i < LNORM__NREG_TIERS; i++)
-        if (chunks <= lnorm__tier_cap[i]) {
+        if (chunks <= lnorm__tier_cap[lnorm__tt(x_dtype)][i]) {
             t = i;
             break;
         }
     if (desc)
-        *desc = lnorm__tier_desc[t];
+        *desc = lnorm__tier_desc[lnorm__tt(x_dtype)][t];
     return t;
 }
 
@@ -131,20 +143,24 @@ static int lnorm__al_ok(const lnorm_segment *s)
            ((uintptr_t)s->gamma % 16) == 0 && ((uintptr_t)s->beta % 16) == 0;
 }
 
-/* Where k_fast's straight-line form is taken when "fast_aligned" is 1:
- * LNORM_CUDA_AL_POLICY 2 (default) every op and dtype, 1 LayerNorm with
- * 16-bit x only. Once x was read with plain loads (LNORM_CUDA_LDCS 0), the
- * form ran ahead of the general one everywhere (H200, same run,
- * bench/results/kernels-2026-11-30-8eaab13-ab.json: f32 and RMSNorm rows
- * 4074-4172 GB/s at H <= 8192, against 3893-4040); policy 1 was measured
- * with the streaming loads, where it lost 1-3.5% outside 16-bit
- * LayerNorm (kernels-2026-11-30-66ada5e-ab.json). */
+/* Where k_fast's straight-line form is taken when "fast_aligned" is 1
+ * (LNORM_CUDA_AL_POLICY): 3 (default) every op and dtype but RMSNorm with
+ * 16-bit x; 2 every op and dtype; 1 LayerNorm with 16-bit x only. With x
+ * read by plain loads (LNORM_CUDA_LDCS 0), on the H200 (same run,
+ * bench/results/kernels-2026-11-30-4bb3898-ab.log, variant noal = the
+ * general form): bf16 LayerNorm 3988-4028 GB/s at H = 128-4096 against
+ * 3431-3586; f32 within 1% either way (4066-4107 against 4045-4131); bf16
+ * RMSNorm 2% slower (3950-3989 against 4023-4073), so not there. */
 #ifndef LNORM_CUDA_AL_POLICY
-#define LNORM_CUDA_AL_POLICY 2
+#define LNORM_CUDA_AL_POLICY 3
 #endif
 static int lnorm__al_pays(const lnorm_segment *s)
 {
-    return LNORM_CUDA_AL_POLICY == 2 || (s->op == LNORM_OP_LAYERNORM && s->x_dtype != LNORM_DTYPE_F32);
+    if (LNORM_CUDA_AL_POLICY == 2)
+        return 1;
+    if (s->x_dtype == LNORM_DTYPE_F32)
+        return LNORM_CUDA_AL_POLICY == 3;
+    return s->op == LNORM_OP_LAYERNORM;
 }
 
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
@@ -158,11 +174,12 @@ static int lnorm__al_pays(const lnorm_segment *s)
  * nor the 1024-thread tier (bulk 1247 against 2457). */
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
-    if (lnorm__tier_cl[tier] > 1)
+    const int tt = lnorm__tt(s->x_dtype);
+    if (lnorm__tier_cl[tt][tier] > 1)
         return 1;
-    if (lnorm__tier_nch[tier] != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
+    if (lnorm__tier_nch[tt][tier] != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
-    return lnorm__tier_tpr[tier] <= 512;
+    return lnorm__tier_tpr[tt][tier] <= 512;
 }
 
 /* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
@@ -188,12 +205,13 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return LNORM__FAST_NONE;
     if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
         return v | LNORM__FAST_BULK;
-    if (lnorm__tier_cl[tier] == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
+    const int cl = lnorm__tier_cl[lnorm__tt(s->x_dtype)][tier];
+    if (cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
         (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
         return v | LNORM__FAST_AL;
     if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))
         return v | LNORM__FAST_BULK;
-    return lnorm__tier_cl[tier] == 1 ? v : LNORM__FAST_NONE;
+    return cl == 1 ? v : LNORM__FAST_NONE;
 }
 
 /* Index (0 .. 3 * LNORM__NFAST - 1) of a fast value in a group key (BULK

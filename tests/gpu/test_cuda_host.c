@@ -9,8 +9,9 @@
  *   - the fast variant of a segment (kernel form) under every setting of
  *     the "bulk" and "fast_aligned" knobs: the straight-line form (AL) only
  *     for segments whose x, y, gamma, beta, strides and H are whole
- *     16-byte units (by default for every op and dtype; policy 1,
- *     LNORM_CUDA_AL_POLICY, only for LayerNorm with 16-bit x), never in
+ *     16-byte units (by default for every op and dtype but RMSNorm with
+ *     16-bit x, LNORM_CUDA_AL_POLICY 3; policy 1: only LayerNorm with
+ *     16-bit x; policy 2: everywhere), never in
  *     a cluster tier, never together with the bulk form; the bulk form only
  *     for rows that start 16-byte aligned and are whole 16-byte units;
  *   - a batch: one launch per (dtype, tier, variant) group, each segment in
@@ -179,13 +180,17 @@ static void tiers(void)
             CHECK(t >= prev, "tier of H=%lld goes down (%d after %d)", (long long)h, t, prev);
             prev = t;
             if (t < LNORM__NREG_TIERS) {
-                CHECK(chunks <= lnorm__tier_cap[t], "H=%lld does not fit tier %d", (long long)h, t);
-                CHECK(t == 0 || chunks > lnorm__tier_cap[t - 1], "H=%lld fits tier %d, got %d", (long long)h, t - 1, t);
+                const int tt = lnorm__tt(dts[di]);
+                CHECK(chunks <= lnorm__tier_cap[tt][t], "H=%lld does not fit tier %d", (long long)h, t);
+                CHECK(t == 0 || chunks > lnorm__tier_cap[tt][t - 1], "H=%lld fits tier %d, got %d", (long long)h, t - 1,
+                      t);
                 char want[64];
-                snprintf(want, sizeof want, "reg%dx%dcl%d", lnorm__tier_tpr[t], lnorm__tier_nch[t], lnorm__tier_cl[t]);
+                snprintf(want, sizeof want, "reg%dx%dcl%d", lnorm__tier_tpr[tt][t], lnorm__tier_nch[tt][t],
+                         lnorm__tier_cl[tt][t]);
                 CHECK(desc && !strcmp(desc, want), "tier %d described as %s, want %s", t, desc ? desc : "NULL", want);
             } else {
-                CHECK(chunks > lnorm__tier_cap[LNORM__NREG_TIERS - 1], "H=%lld streams but fits", (long long)h);
+                CHECK(chunks > lnorm__tier_cap[lnorm__tt(dts[di])][LNORM__NREG_TIERS - 1], "H=%lld streams but fits",
+                      (long long)h);
                 CHECK(desc && !strcmp(desc, "stream1024"), "streaming tier described as %s", desc ? desc : "NULL");
             }
         }
@@ -214,8 +219,9 @@ static void variants(void)
     /* name, segment, expected fast flags (AL / BULK / NONE) for (bulk, fast_aligned) settings
      * (1,1) default, (1,0), (1,2), (0,2), (2,1). */
     enum { AL = LNORM__FAST_AL, BU = LNORM__FAST_BULK, NO = -1, PLAIN = 0 };
-    /* fast_aligned 1 outside 16-bit LayerNorm: the policy's choice. */
-    const int AP = LNORM_CUDA_AL_POLICY == 2 ? AL : PLAIN;
+    /* fast_aligned 1 for 16-bit RMSNorm (AR) and for f32 (AF): the policy's choice. */
+    const int AR = LNORM_CUDA_AL_POLICY == 2 ? AL : PLAIN;
+    const int AF = LNORM_CUDA_AL_POLICY >= 2 ? AL : PLAIN;
     struct {
         const char *name;
         lnorm_segment s;
@@ -223,8 +229,8 @@ static void variants(void)
     } const cases[] = {
         {"bf16 LN H=1024 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0), {AL, BU, AL, AL, BU}},
         {"f16 LN H=4096 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 4, 4096, 0, 0, 0), {AL, BU, AL, AL, BU}},
-        {"bf16 RMS H=1024 aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0), {AP, PLAIN, AL, AL, BU}},
-        {"f32 LN H=1024 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 1024, 0, 0, 0), {AP, PLAIN, AL, AL, BU}},
+        {"bf16 RMS H=1024 aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0), {AR, PLAIN, AL, AL, BU}},
+        {"f32 LN H=1024 aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 1024, 0, 0, 0), {AF, PLAIN, AL, AL, BU}},
         {"bf16 LN H=1024 y misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 2, 0), {BU, BU, BU, PLAIN, BU}},
         {"bf16 LN H=1024 gamma misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 4), {BU, BU, BU, PLAIN, BU}},
         {"bf16 LN H=1024 x misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 2, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
@@ -332,9 +338,9 @@ static void batch(int al_setting)
     if (al_setting)
         CHECK(launch_of[0] == launch_of[1] && g_l[launch_of[0]].nsegs == 2 && (g_l[launch_of[0]].fast & LNORM__FAST_AL),
               "segments 0 and 1 (aligned, same tier) must share one AL launch of 2 segments");
-    /* Segments 0 and 1 (16-bit LayerNorm); also 3 (RMSNorm) and 6-7 (f32)
-     * with fast_aligned 2 or where the policy takes every op and dtype. */
-    const int want_al[3] = {0, LNORM_CUDA_AL_POLICY == 2 ? 3 : 1, 3};
+    /* Segments 0 and 1 (16-bit LayerNorm); 6-7 (f32) under policies 2 and
+     * 3; 3 (16-bit RMSNorm) under policy 2; all of them with fast_aligned 2. */
+    const int want_al[3] = {0, 1 + (LNORM_CUDA_AL_POLICY >= 2) + (LNORM_CUDA_AL_POLICY == 2), 3};
     CHECK(al_launches == want_al[al_setting], "fast_aligned %d: %d AL launches, want %d", al_setting, al_launches,
           want_al[al_setting]);
     lnorm_cuda_ws_destroy(ws);
