@@ -1313,10 +1313,14 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
 #ifndef LNORM_CUDA_BULK_F32REG
 #define LNORM_CUDA_BULK_F32REG 32 /* k_bulk keeps the row as fp32 in registers up to this many elements a thread */
 #endif
+#ifndef LNORM_CUDA_CLU_REGS
+#define LNORM_CUDA_CLU_REGS 64 /* register budget of the 4-chunk cluster bulk kernels */
+#endif
 template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int min_blocks =
-        (CL > 1 && NCH <= 4) ? 65536 / (block * 64) : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
+    static constexpr int min_blocks = (CL > 1 && NCH <= 4)
+                                          ? 65536 / (block * LNORM_CUDA_CLU_REGS)
+                                          : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
 
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
