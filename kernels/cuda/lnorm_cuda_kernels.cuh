@@ -291,12 +291,30 @@ template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16
 #ifndef LNORM_CUDA_LDCS
 #define LNORM_CUDA_LDCS 0
 #endif
+/* (A/B builds: 2 read-only loads, __ldg; 3 last-use loads, __ldlu.) */
 template <typename T> __device__ __forceinline__ T load_x16(const T *p)
 {
-#if LNORM_CUDA_LDCS
+#if LNORM_CUDA_LDCS == 1
     return __ldcs(p);
+#elif LNORM_CUDA_LDCS == 2
+    return __ldg(p);
+#elif LNORM_CUDA_LDCS == 3
+    return __ldlu(p);
 #else
     return *p;
+#endif
+}
+
+/* Stores of y: 0 (default) plain; A/B builds: 1 evict-first (__stcs). */
+#ifndef LNORM_CUDA_STCS
+#define LNORM_CUDA_STCS 0
+#endif
+template <typename T> __device__ __forceinline__ void store_y16(T *p, T v)
+{
+#if LNORM_CUDA_STCS
+    __stcs(p, v);
+#else
+    *p = v;
 #endif
 }
 
@@ -321,7 +339,7 @@ template <typename TX> __device__ __forceinline__ void store_raw(TX *p, int c0, 
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     if (al && c0 + VEC <= H) {
-        *reinterpret_cast<uint4 *>(p + c0) = u;
+        store_y16(reinterpret_cast<uint4 *>(p + c0), u);
         return;
     }
     Raw<TX> r;
@@ -1119,7 +1137,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
             }
             if constexpr (AL)
-                *reinterpret_cast<uint4 *>(yr + c0) = pack<TX>(f);
+                store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
             else
                 store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
 #if LNORM_CUDA_EMIT_BARRIER
