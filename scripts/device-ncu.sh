@@ -2,7 +2,7 @@
 # Nsight Compute on a few of lnormd's kernels (bulk off and forced), for finding what holds them
 # under the copy ceiling: speed of light, memory workload, occupancy, warp stalls. Device, repo
 # root, bundle from scripts/device-pack.sh: OUT=dir scripts/device-ncu.sh [bundle] [op:dtype:H ...]
-# NCU_PEERS=1: a few metrics of lnormd's kernel beside torch.compile's and a copy (ncu-peers.csv).
+# NCU_PEERS=1: a few metrics of lnormd's kernel beside torch.compile's (ncu-peers.csv).
 set -u
 PACK=${1:-.devpack/lnorm-sm90.tar.xz}
 shift || true
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 W=$(mktemp -d /tmp/lnorm-ncu-XXXXXX)
 tar xJf "$PACK" -C "$W" || exit 1
 if [ "${NCU_PEERS:-0}" = 1 ]; then
-  # lnormd's kernel, torch.compile's and a copy of the same bytes, side by side
+  # lnormd's kernel and torch.compile's on the same tensors, side by side
   # (bench/gpu/ncu_peers.py starts and stops the profiler around one launch of each).
   timeout 400 ncu --target-processes all --profile-from-start off --clock-control none --csv --page raw \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__block_size,launch__grid_size,launch__occupancy_limit_registers,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct \

@@ -13,23 +13,35 @@ OPS = {"ln": 1, "rms": 2}
 DT = {"f32": (1, torch.float32), "f16": (2, torch.float16), "bf16": (3, torch.bfloat16)}
 
 
-def main():
-    lib = ctypes.CDLL(sys.argv[1])
+def load_norm(path):
+    """The library at path, its lnorm_cuda_norm with argument types set."""
+    lib = ctypes.CDLL(path)
     f = lib.lnorm_cuda_norm
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
         [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    return lib, f
+
+
+def case_tensors(c):
+    """Case "op:dtype:H" at N x H = 2^27: (op, dtype code, N, H, x, y, gamma, beta or None)."""
+    op, dt, H = c.split(":")
+    H = int(H)
+    code, tdt = DT[dt]
+    N = (1 << 27) // H
+    x = torch.randn(N, H, device="cuda").to(tdt)
+    y = torch.empty_like(x)
+    w = (torch.randn(H, device="cuda") * 0.5 + 1).to(tdt)
+    b = (torch.randn(H, device="cuda") * 0.1).to(tdt) if op == "ln" else None
+    return op, code, N, H, x, y, w, b
+
+
+def main():
+    lib, f = load_norm(sys.argv[1])
     lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
     cases = sys.argv[2:] or ["ln:bf16:4096", "rms:f32:1024", "ln:bf16:16384", "ln:bf16:65536"]
     for c in cases:
-        op, dt, H = c.split(":")
-        H = int(H)
-        code, tdt = DT[dt]
-        N = (1 << 27) // H
-        x = torch.randn(N, H, device="cuda").to(tdt)
-        y = torch.empty_like(x)
-        w = torch.randn(H, device="cuda").to(tdt)
-        b = torch.randn(H, device="cuda").to(tdt) if op == "ln" else None
+        op, code, N, H, x, y, w, b = case_tensors(c)
         for bulk in (0, 2):
             lib.lnorm_cuda_set_tuning(b"bulk", bulk)
             for _ in range(2):  # warm-up, then the profiled launch (ncu --launch-skip)

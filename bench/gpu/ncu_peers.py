@@ -1,20 +1,19 @@
-"""lnormd's kernel beside torch.compile's and a plain copy of the same bytes, for Nsight Compute
+"""lnormd's kernel beside torch.compile's on the same tensors, for Nsight Compute
 (scripts/device-ncu.sh with NCU_PEERS=1): one launch of each between cudaProfilerStart and
 cudaProfilerStop (ncu --profile-from-start off), after warm-ups (torch.compile's compilation and
-autotuning happen outside), so that
-ncu's DRAM bytes, duration and occupancy of the three can be read side by side.
+autotuning happen outside), so that ncu's DRAM bytes, duration, instructions and occupancy of
+the two can be read side by side. (A device-to-device copy is a cudaMemcpy, not a kernel: ncu
+does not profile it; bench/kernels.py times it.)
 
 Cases: op:dtype:H at N x H = 2^27 (as bench/kernels.py), default bulk settings.
 Usage: python3 bench/gpu/ncu_peers.py LIB [op:dtype:H ...]
 """
-import ctypes
 import sys
 
 import torch
 import torch.nn.functional as F
 
-OPS = {"ln": 1, "rms": 2}
-DT = {"f32": (1, torch.float32), "f16": (2, torch.float16), "bf16": (3, torch.bfloat16)}
+from ncu_kernels import OPS, case_tensors, load_norm
 
 
 def _ln(x, w, b):
@@ -26,11 +25,7 @@ def _rms(x, w):
 
 
 def main():
-    lib = ctypes.CDLL(sys.argv[1])
-    f = lib.lnorm_cuda_norm
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    _, f = load_norm(sys.argv[1])
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 1024)
@@ -38,15 +33,7 @@ def main():
     comp_rms = torch.compile(_rms, dynamic=False)
     cases = sys.argv[2:] or ["ln:bf16:1024", "ln:f32:4096"]
     for c in cases:
-        op, dt, H = c.split(":")
-        H = int(H)
-        code, tdt = DT[dt]
-        N = (1 << 27) // H
-        x = torch.randn(N, H, device="cuda").to(tdt)
-        y = torch.empty_like(x)
-        y2 = torch.empty_like(x)
-        w = (torch.randn(H, device="cuda") * 0.5 + 1).to(tdt)
-        b = (torch.randn(H, device="cuda") * 0.1).to(tdt) if op == "ln" else None
+        op, code, N, H, x, y, w, b = case_tensors(c)
         stream = torch.cuda.current_stream().cuda_stream
 
         def lnormd():
@@ -56,15 +43,12 @@ def main():
 
         def compiled():
             return comp_ln(x, w, b) if op == "ln" else comp_rms(x, w)
-
-        def copy():
-            y2.copy_(x)
-        for fn in (lnormd, compiled, copy):  # warm-ups (compilation, autotuning)
+        for fn in (lnormd, compiled):  # warm-ups (compilation, autotuning)
             fn()
             fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        for fn in (lnormd, compiled, copy):
+        for fn in (lnormd, compiled):
             fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
