@@ -11,7 +11,9 @@
  *  4. Batch invariance: segments run alone and inside mixed batches (one
  *     launch from a device table, and several groups): bit-identical.
  *  5. The bulk-copy pipeline in its steady state (many rows, forced stage
- *     counts) against float64 and bit-identical to the kernels without it.
+ *     counts) against float64 and bit-identical to the kernels without it;
+ *     k_fast bit-identical to the general kernel (gamma/beta in every
+ *     combination, masked tails).
  *  6. Bad input: clear error codes, nothing run.
  * Usage: test_gpu [--quick]  (--quick: a reduced set for compute-sanitizer)
  * Needs a GPU: exits 1 (never "passes") when none is usable.
@@ -322,6 +324,79 @@ static void sweep(lnorm_rng *g, int quick)
                         run_case(&c, g, res == 0 && op == LNORM_OP_LAYERNORM);
                     }
     }
+}
+
+/* k_fast (no residual) against the general kernel (the same rows with an
+ * all-zero residual, so h = x + 0 = x): bit-identical y, mean and rstd for
+ * every combination of gamma and beta (beta alone too), both ops, f32 and
+ * bf16 x, parameters of x's dtype and f32, H with and without a masked
+ * tail, aligned rows (the straight-line form where the policy takes it)
+ * and padded ones (the general form). */
+static void fast_vs_general(lnorm_rng *g, int quick)
+{
+    static const int64_t hs[] = {100, 1003, 1024, 4096};
+    static const int xdts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16};
+    long n = 0;
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+        for (int xi = 0; xi < 2; xi++)
+            for (int aff = 0; aff < 4; aff++)
+                for (int pi = 0; pi < 2; pi++)
+                    for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++) {
+                        if (quick && (n++ % 3))
+                            continue;
+                        lnorm_test_case_cfg c = {0};
+                        c.op = op;
+                        c.x_dtype = xdts[xi];
+                        c.param_dtype = pi ? xdts[xi] : LNORM_DTYPE_F32;
+                        c.gamma = aff & 1;
+                        c.beta = aff >> 1;
+                        c.residual = 1;
+                        c.stats = 1;
+                        c.x_mean = 0.5 + hi;
+                        c.x_spread = 1.5;
+                        c.hidden = hs[hi];
+                        c.rows = 37;
+                        c.pad = (hi + aff) % 2 ? 3 : 0;
+                        char label[160];
+                        snprintf(label, sizeof label, "fast-vs-general op=%s x=%s p=%s gamma=%d beta=%d H=%lld pad=%lld",
+                                 op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c.x_dtype),
+                                 lnorm_dtype_name(c.param_dtype), c.gamma, c.beta, (long long)c.hidden,
+                                 (long long)c.pad);
+                        g_cases++;
+                        lnorm_test_case tc;
+                        if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
+                            fprintf(stderr, "FAIL %s: out of memory\n", label);
+                            g_fails++;
+                            continue;
+                        }
+                        memset(tc.residual, 0, tc.res_bytes);
+                        const char *why = NULL;
+                        int err = gpu_run(&tc, 0, &why); /* residual: the general kernel */
+                        if (err != LNORM_OK)
+                            fprintf(stderr, "FAIL %s: general kernel run %s (%s)\n", label, lnorm_errname(err),
+                                    why ? why : "");
+                        long bad = err != LNORM_OK || lnorm_test_check_segment(&tc.seg, NULL, label);
+                        outs general;
+                        if (!bad && outs_take(&general, &tc) == 0) {
+                            lnorm_test_case tf = tc; /* the same buffers, no residual: k_fast */
+                            tf.seg.residual = NULL;
+                            tf.seg.residual_out = NULL;
+                            tf.residual = NULL;
+                            tf.residual_out = NULL;
+                            err = gpu_run(&tf, 0, &why);
+                            if (err != LNORM_OK || !outs_same(&general, &tf)) {
+                                fprintf(stderr, "FAIL %s: k_fast and the general kernel differ (%s)\n", label,
+                                        err ? lnorm_errname(err) : "bits");
+                                bad++;
+                            }
+                            outs_free(&general);
+                        } else if (!bad) {
+                            fprintf(stderr, "FAIL %s: out of memory\n", label);
+                            bad++;
+                        }
+                        g_fails += bad != 0;
+                        lnorm_test_case_free(&tc);
+                    }
 }
 
 /* Batch invariance: NS segments (mixed dtypes, tiers, ops) run alone, then
@@ -637,6 +712,7 @@ int main(int argc, char **argv)
     lnorm_rng_seed(&g, 0x6e7d5eedu);
     bad_input();
     batch_invariance(&g);
+    fast_vs_general(&g, quick);
     bulk_pipeline(&g, quick);
     sweep(&g, quick);
     lnorm_cpu_destroy(g_cpu);
