@@ -73,7 +73,8 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * tile per CTA), "fast_aligned" 0/1/2 (the straight-line form of the fast
  * kernel for segments whose x, y, gamma and beta are 16-byte aligned and
  * whose H and strides are whole 16-byte units: off, where it pays
- * (LayerNorm with 16-bit x; default), wherever rows allow). Every setting
+ * (default: every op and dtype but RMSNorm with 16-bit x), wherever rows
+ * allow). Every setting
  * gives the same output bits. Returns LNORM_EINVAL for an unknown name or
  * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);

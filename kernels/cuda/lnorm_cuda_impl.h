@@ -163,13 +163,15 @@ typedef struct lnorm__kparams {
     X(12, 512, 4, 8)     \
     X(13, 512, 4, 16)    \
     X(14, 512, 8, 16)
-#else /* LNORM_CUDA_TIERSET 0 (before 2026-11-30): one 1024x4 CTA, then clusters of 256x8 CTAs */
+#elif LNORM_CUDA_TIERSET == 0 /* before 2026-11-30: one 1024x4 CTA, then clusters of 256x8 CTAs */
 #define LNORM__TIERS_CLU(X)  \
     X(10, 1024, 4, 1)    \
     X(11, 256, 8, 4)     \
     X(12, 256, 8, 8)     \
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
+#else
+#error "LNORM_CUDA_TIERSET: tier sets 0-3"
 #endif
 
 /* The register tiers of 16-bit x and of f32 x: the same capacities (tier

@@ -964,7 +964,7 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
 #endif
 /* The output pass specialized on which of gamma and beta the segment has
  * (one branch a row), so that absent parameters cost no fill values and
- * the identities fold (x * 1 + b, n * g + -0: same bits). 0: one generic
+ * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
  * loop that tests for absent parameters chunk by chunk. */
 #ifndef LNORM_CUDA_FAST_PSPEC
 #define LNORM_CUDA_FAST_PSPEC 1
@@ -1174,7 +1174,7 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
  * (5 CTAs) and 2000-3100 where the gamma cache or the caps of k_reg made
  * it spill. */
 #ifndef LNORM_CUDA_FAST_REGS
-#define LNORM_CUDA_FAST_REGS 72 /* register budget of k_fast in 128-thread CTAs (larger CTAs: 64) */
+#define LNORM_CUDA_FAST_REGS 72 /* register budget of k_fast in 128-thread CTAs (larger: LNORM_CUDA_FAST_REGS_BIG) */
 #endif
 #ifndef LNORM_CUDA_FAST_REGS_BIG
 #define LNORM_CUDA_FAST_REGS_BIG 64 /* register budget of k_fast in CTAs of 256 threads and more */
@@ -1635,9 +1635,6 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
     }
 }
 
-/* Launch tier `tier` for x of type TX. The 16-CTA cluster tier needs a
- * non-portable cluster size; where the device refuses it, the streaming
- * tier runs instead. */
 /* The tier switches of launch_tier, for a tier table T (LNORM__TIERS or,
  * for f32 x, LNORM__TIERS_F32). */
 #define LNORM__FAST_SWITCH(T)                                       \
@@ -1663,6 +1660,9 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
         e = launch_reg<TX, tpr, nch, cl>(p, st);     \
         break;
 
+/* Launch tier `tier` for x of type TX. The 16-CTA cluster tier needs a
+ * non-portable cluster size; where the device refuses it, the streaming
+ * tier runs instead. */
 template <typename TX> static int launch_tier(int tier, const lnorm__kparams *p, void *stream)
 {
     constexpr bool F32 = std::is_same<TX, float>::value;

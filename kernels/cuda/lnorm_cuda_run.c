@@ -154,6 +154,9 @@ static int lnorm__al_ok(const lnorm_segment *s)
 #ifndef LNORM_CUDA_AL_POLICY
 #define LNORM_CUDA_AL_POLICY 3
 #endif
+#if LNORM_CUDA_AL_POLICY < 1 || LNORM_CUDA_AL_POLICY > 3
+#error "LNORM_CUDA_AL_POLICY: policies 1-3"
+#endif
 static int lnorm__al_pays(const lnorm_segment *s)
 {
     if (LNORM_CUDA_AL_POLICY == 2)

@@ -195,6 +195,11 @@ static void tiers(void)
             }
         }
     }
+    /* The f32 shapes keep the 16-bit tiers' capacities (tier numbers are
+     * shared by bench/gpu/kexp.cu and the docs). */
+    for (int t = 0; t < LNORM__NREG_TIERS; t++)
+        CHECK(lnorm__tier_cap[0][t] == lnorm__tier_cap[1][t], "tier %d: capacity %lld (16-bit x), %lld (f32)", t,
+              (long long)lnorm__tier_cap[0][t], (long long)lnorm__tier_cap[1][t]);
     CHECK(lnorm_cuda_tier(LNORM_DTYPE_BF16, 0, NULL) == -1, "H = 0 must be refused");
     CHECK(lnorm_cuda_tier(99, 128, NULL) == -1, "an unknown dtype must be refused");
 }
