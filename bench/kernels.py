@@ -180,11 +180,9 @@ def main():
                 ref = eager(op, x, w, b)()
                 res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
                 del ref
-                # A first timing, kept apart (lnormd_first_timing): in the proof run of ed7d547
-                # the default column read 1-2% below the same kernel in the variant columns
-                # (bf16 rows). In 3276543 the first and second timings agreed within 1%, so the
-                # order is not the cause (the variants write a freshly allocated y).
-                res["lnormd_first_timing"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
+                # The default column reads about 1% below the same kernel in the variant
+                # columns for bf16 rows; not the order (a second timing agreed with the first
+                # within 1%, bench/results/kernels-2026-11-30-3276543.json, lnormd_first_timing).
                 res["lnormd"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
                 def fresh(lb):
                     """lnormd through library lb into a fresh NaN-filled y: (bits equal to the

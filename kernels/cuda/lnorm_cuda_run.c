@@ -18,48 +18,27 @@ struct lnorm_cuda_ws {
     int pending;         /* an upload was recorded and not yet waited for */
 };
 
-/* The register tiers' shapes, [0] for 16-bit x (LNORM__TIERS), [1] for f32
- * x (LNORM__TIERS_F32). Capacities in 16-byte chunks (TPR * NCH * CL). */
-static const int64_t lnorm__tier_cap[2][LNORM__NREG_TIERS] = {
-#define LNORM__CAP(i, tpr, nch, cl) (int64_t)(tpr) * (nch) * (cl),
-    {LNORM__TIERS(LNORM__CAP)},
-    {LNORM__TIERS_F32(LNORM__CAP)},
-#undef LNORM__CAP
+/* One tier's shape: TPR threads per row, NCH 16-byte chunks per thread, CL
+ * CTAs per row, cap = TPR * NCH * CL chunks (0 for the streaming tier). */
+typedef struct lnorm__tier_shape {
+    int64_t cap;
+    int tpr, nch, cl;
+    const char *desc;
+} lnorm__tier_shape;
+
+/* The tiers, [0] for 16-bit x (LNORM__TIERS), [1] for f32 x
+ * (LNORM__TIERS_F32); the streaming tier last. */
+static const lnorm__tier_shape lnorm__tiers[2][LNORM__NREG_TIERS + 1] = {
+#define LNORM__SHAPE(i, tpr, nch, cl) {(int64_t)(tpr) * (nch) * (cl), (tpr), (nch), (cl), "reg" #tpr "x" #nch "cl" #cl},
+    {LNORM__TIERS(LNORM__SHAPE){0, 0, 0, 0, "stream1024"}},
+    {LNORM__TIERS_F32(LNORM__SHAPE){0, 0, 0, 0, "stream1024"}},
+#undef LNORM__SHAPE
 };
 
-/* Threads per row and chunks per thread of the register tiers. */
-static const int lnorm__tier_tpr[2][LNORM__NREG_TIERS] = {
-#define LNORM__TPR(i, tpr, nch, cl) (tpr),
-    {LNORM__TIERS(LNORM__TPR)},
-    {LNORM__TIERS_F32(LNORM__TPR)},
-#undef LNORM__TPR
-};
-static const int lnorm__tier_nch[2][LNORM__NREG_TIERS] = {
-#define LNORM__NCH(i, tpr, nch, cl) (nch),
-    {LNORM__TIERS(LNORM__NCH)},
-    {LNORM__TIERS_F32(LNORM__NCH)},
-#undef LNORM__NCH
-};
-
-/* CTAs per row of the register tiers. */
-static const int lnorm__tier_cl[2][LNORM__NREG_TIERS] = {
-#define LNORM__CL(i, tpr, nch, cl) (cl),
-    {LNORM__TIERS(LNORM__CL)},
-    {LNORM__TIERS_F32(LNORM__CL)},
-#undef LNORM__CL
-};
-
-static const char *const lnorm__tier_desc[2][LNORM__NREG_TIERS + 1] = {
-#define LNORM__DESC(i, tpr, nch, cl) "reg" #tpr "x" #nch "cl" #cl,
-    {LNORM__TIERS(LNORM__DESC) "stream1024"},
-    {LNORM__TIERS_F32(LNORM__DESC) "stream1024"},
-#undef LNORM__DESC
-};
-
-/* Which shape table x of this dtype uses. */
-static int lnorm__tt(int x_dtype)
+/* The shape of tier `tier` for x of this dtype. */
+static const lnorm__tier_shape *lnorm__shape(int x_dtype, int tier)
 {
-    return x_dtype == LNORM_DTYPE_F32;
+    return &lnorm__tiers[x_dtype == LNORM_DTYPE_F32][tier];
 }
 
 int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
@@ -70,12 +49,12 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
     const int64_t chunks = (hidden + vec - 1) / vec;
     int t = LNORM__NREG_TIERS;
     for (int i = 0; i < LNORM__NREG_TIERS; i++)
-        if (chunks <= lnorm__tier_cap[lnorm__tt(x_dtype)][i]) {
+        if (chunks <= lnorm__shape(x_dtype, i)->cap) {
             t = i;
             break;
         }
     if (desc)
-        *desc = lnorm__tier_desc[lnorm__tt(x_dtype)][t];
+        *desc = lnorm__shape(x_dtype, t)->desc;
     return t;
 }
 
@@ -177,12 +156,12 @@ static int lnorm__al_pays(const lnorm_segment *s)
  * nor the 1024-thread tier (bulk 1247 against 2457). */
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
-    const int tt = lnorm__tt(s->x_dtype);
-    if (lnorm__tier_cl[tt][tier] > 1)
+    const lnorm__tier_shape *t = lnorm__shape(s->x_dtype, tier);
+    if (t->cl > 1)
         return 1;
-    if (lnorm__tier_nch[tt][tier] != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
+    if (t->nch != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
-    return lnorm__tier_tpr[tt][tier] <= 512;
+    return t->tpr <= 512;
 }
 
 /* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
@@ -208,7 +187,7 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return LNORM__FAST_NONE;
     if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
         return v | LNORM__FAST_BULK;
-    const int cl = lnorm__tier_cl[lnorm__tt(s->x_dtype)][tier];
+    const int cl = lnorm__shape(s->x_dtype, tier)->cl;
     if (cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
         (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
         return v | LNORM__FAST_AL;

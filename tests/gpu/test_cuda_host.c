@@ -180,16 +180,15 @@ static void tiers(void)
             CHECK(t >= prev, "tier of H=%lld goes down (%d after %d)", (long long)h, t, prev);
             prev = t;
             if (t < LNORM__NREG_TIERS) {
-                const int tt = lnorm__tt(dts[di]);
-                CHECK(chunks <= lnorm__tier_cap[tt][t], "H=%lld does not fit tier %d", (long long)h, t);
-                CHECK(t == 0 || chunks > lnorm__tier_cap[tt][t - 1], "H=%lld fits tier %d, got %d", (long long)h, t - 1,
-                      t);
+                const lnorm__tier_shape *sh = lnorm__shape(dts[di], t);
+                CHECK(chunks <= sh->cap, "H=%lld does not fit tier %d", (long long)h, t);
+                CHECK(t == 0 || chunks > lnorm__shape(dts[di], t - 1)->cap, "H=%lld fits tier %d, got %d",
+                      (long long)h, t - 1, t);
                 char want[64];
-                snprintf(want, sizeof want, "reg%dx%dcl%d", lnorm__tier_tpr[tt][t], lnorm__tier_nch[tt][t],
-                         lnorm__tier_cl[tt][t]);
+                snprintf(want, sizeof want, "reg%dx%dcl%d", sh->tpr, sh->nch, sh->cl);
                 CHECK(desc && !strcmp(desc, want), "tier %d described as %s, want %s", t, desc ? desc : "NULL", want);
             } else {
-                CHECK(chunks > lnorm__tier_cap[lnorm__tt(dts[di])][LNORM__NREG_TIERS - 1], "H=%lld streams but fits",
+                CHECK(chunks > lnorm__shape(dts[di], LNORM__NREG_TIERS - 1)->cap, "H=%lld streams but fits",
                       (long long)h);
                 CHECK(desc && !strcmp(desc, "stream1024"), "streaming tier described as %s", desc ? desc : "NULL");
             }
@@ -198,8 +197,9 @@ static void tiers(void)
     /* The f32 shapes keep the 16-bit tiers' capacities (tier numbers are
      * shared by bench/gpu/kexp.cu and the docs). */
     for (int t = 0; t < LNORM__NREG_TIERS; t++)
-        CHECK(lnorm__tier_cap[0][t] == lnorm__tier_cap[1][t], "tier %d: capacity %lld (16-bit x), %lld (f32)", t,
-              (long long)lnorm__tier_cap[0][t], (long long)lnorm__tier_cap[1][t]);
+        CHECK(lnorm__shape(LNORM_DTYPE_BF16, t)->cap == lnorm__shape(LNORM_DTYPE_F32, t)->cap,
+              "tier %d: capacity %lld (16-bit x), %lld (f32)", t, (long long)lnorm__shape(LNORM_DTYPE_BF16, t)->cap,
+              (long long)lnorm__shape(LNORM_DTYPE_F32, t)->cap);
     CHECK(lnorm_cuda_tier(LNORM_DTYPE_BF16, 0, NULL) == -1, "H = 0 must be refused");
     CHECK(lnorm_cuda_tier(99, 128, NULL) == -1, "an unknown dtype must be refused");
 }
