@@ -284,10 +284,10 @@ template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16
 }
 
 /* Loads of x with the evict-first (streaming, .cs) hint: 0 (default) plain
- * loads. The hint cost every one-CTA kernel 4-8% (H200, same run,
- * bench/results/kernels-2026-11-30-8eaab13-ab.json: the straight-line form
- * without it 3961-4054 GB/s for bf16 LayerNorm at H = 128-4096 and
- * 4074-4172 for f32, against 3651-3874 and 3896-4040 with it). */
+ * loads. The hint cost every one-CTA kernel 3-11% (H200, same run,
+ * bench/results/kernels-2026-11-30-4bb3898-ab.log, build cs = the hint on:
+ * bf16 LayerNorm at H = 128-4096 3988-4028 GB/s without it against
+ * 3617-3897 with it, f32 at H = 128-8192 4028-4171 against 3874-4034). */
 #ifndef LNORM_CUDA_LDCS
 #define LNORM_CUDA_LDCS 0
 #endif
