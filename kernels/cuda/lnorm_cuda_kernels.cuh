@@ -183,6 +183,18 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
                  : "memory");
 }
 
+/* st_async_peer for 16 bytes (four floats) at a 16-byte aligned *dst. */
+__device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *bar, uint32_t peer)
+{
+    uint32_t rd, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                     rd),
+                 "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
+                 : "memory");
+}
+
 /* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs): warp
  * w of CTA k stores its partial into slot[b][k][w] of every CTA of the
  * cluster (st_async_peer), counted on that CTA's bar[b]; b alternates
@@ -191,7 +203,7 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
  * after all its warps have read the slots of reduction n). */
 template <int CL, int NW> struct ClusterRed {
     uint64_t bar[2];
-    float slot[2][CL][NW];
+    float4 slot[2][CL][NW]; /* a sum uses .x (4 bytes sent), partial statistics .x-.z (16) */
 };
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
@@ -230,13 +242,13 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         if (threadIdx.x == 0)
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
         if (lane < CL)
-            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
+            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32].x, x, &cr->bar[b], (uint32_t)lane);
         mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
         float v = 0.0f;
         if (lane < CL) {
 #pragma unroll
             for (int i = 0; i < NW; i++)
-                v += cr->slot[b][lane][i];
+                v += cr->slot[b][lane][i].x;
         }
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
@@ -254,6 +266,91 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
             x += red[par & 1][w0 + i];
     }
     return x;
+}
+
+/* LayerNorm statistics of a cluster row in one reduction
+ * (LNORM_CUDA_CLU_CHAN, default on). Each thread reduces its own elements
+ * of the row two-pass in registers (sum of h - K, then the centred sum of
+ * squares about their own mean), and the partials are merged pairwise by
+ * the update of Chan, Golub and LeVeque: n = na + nb, S = Sa + Sb,
+ * M = Ma + Mb + (Sa nb - Sb na)^2 / (na nb n). One reduction of three
+ * values replaces a reduction of the sum followed by a second pass and a
+ * reduction of the centred squares: the cluster tiers, where each
+ * reduction is a round trip through the peers' shared memory, had
+ * LayerNorm at 0.45-0.58 of copy against 0.78-0.85 for RMSNorm (one
+ * reduction). The merge is symmetric to the bit (a - b = -(b - a)), so
+ * every lane of a butterfly gets the same value, and bulk and general
+ * kernels call the same functions in the same order: a row still gives
+ * the same bits through either. */
+#ifndef LNORM_CUDA_CLU_CHAN
+#define LNORM_CUDA_CLU_CHAN 1
+#endif
+
+/* Partial statistics: n elements, s = their sum, m = the sum of their
+ * squared deviations from s / n. */
+struct Stat {
+    float s, m, n;
+};
+
+__device__ __forceinline__ Stat stat_merge(const Stat &a, const Stat &b)
+{
+    Stat r;
+    r.s = __fadd_rn(a.s, b.s);
+    r.n = __fadd_rn(a.n, b.n);
+    const float dlt = __fsub_rn(__fmul_rn(a.s, b.n), __fmul_rn(b.s, a.n));
+    const float q = __fmul_rn(__fmul_rn(a.n, b.n), r.n);
+    const float m = __fadd_rn(a.m, b.m);
+    r.m = q > 0.0f ? __fadd_rn(m, __fdiv_rn(__fmul_rn(dlt, dlt), q)) : m;
+    return r;
+}
+
+__device__ __forceinline__ Stat stat_shfl_merge(const Stat &v, int m)
+{
+    Stat o;
+    o.s = __shfl_xor_sync(0xffffffffu, v.s, m);
+    o.m = __shfl_xor_sync(0xffffffffu, v.m, m);
+    o.n = __shfl_xor_sync(0xffffffffu, v.n, m);
+    return stat_merge(v, o);
+}
+
+/* Merge the partial statistics of the CL CTAs of a cluster (one row per
+ * CTA): a butterfly in each warp, each warp's partial to every CTA's slots
+ * (16-byte st.async), then, as group_sum, lane k < CL merges CTA k's warps
+ * in warp order and a butterfly merges the CTAs. Every thread of the
+ * cluster gets the same value. par: as group_sum. */
+template <int BLOCK, int CL>
+__device__ __forceinline__ Stat group_stat(Stat v, void *crv, int rank, int par)
+{
+    static_assert(CL > 1 && (CL & (CL - 1)) == 0 && CL <= 32, "cluster of 2^k CTAs");
+    constexpr int NW = BLOCK / 32;
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        v = stat_shfl_merge(v, m);
+    ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
+    const int b = par & 1;
+    const int lane = (int)(threadIdx.x & 31);
+    if (threadIdx.x == 0)
+        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float4)));
+    if (lane < CL)
+        st_async_peer4(&cr->slot[b][rank][threadIdx.x / 32], make_float4(v.s, v.m, v.n, 0.0f), &cr->bar[b],
+                       (uint32_t)lane);
+    mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
+    Stat a = {0.0f, 0.0f, 0.0f};
+    if (lane < CL) {
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            const float4 q = cr->slot[b][lane][i];
+            const Stat w = {q.x, q.y, q.z};
+            a = i == 0 ? w : stat_merge(a, w);
+        }
+    }
+#pragma unroll
+    for (int m = CL / 2; m > 0; m >>= 1)
+        a = stat_shfl_merge(a, m);
+    a.s = __shfl_sync(0xffffffffu, a.s, 0);
+    a.m = __shfl_sync(0xffffffffu, a.m, 0);
+    a.n = __shfl_sync(0xffffffffu, a.n, 0);
+    return a;
 }
 
 /* The 16 bytes of one x chunk, as raw bits or as VEC elements. */
@@ -281,6 +378,61 @@ template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16
     for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
         r.e[k] = from_f<TX>(f[k]);
     return r.u;
+}
+
+/* This thread's partial statistics of h - K over its chunks (column
+ * mapping of the file header; the sums in the order of the two-pass
+ * kernels): masked columns are left out, n counts the columns < H.
+ * get(j, f) reads chunk j as fp32 (from registers or shared memory); the
+ * second pass reads the chunks again (a compiler barrier between the
+ * passes keeps the compiler from holding the whole row as fp32, which
+ * spilled the 64-register cluster kernels). */
+template <typename TX, int NCH, int TPR, typename G>
+__device__ __forceinline__ Stat thread_stat(G &&get, int rank, int t, int H, float K)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    float s = 0.0f;
+    int n = 0;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+        float f[VEC];
+        get(j, f);
+        if (c0 + VEC <= H) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                s += f[k] - K;
+            n += VEC;
+        } else if (c0 < H) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                s += (c0 + k < H) ? f[k] - K : 0.0f;
+            n += H - c0;
+        }
+    }
+    const float mu = n > 0 ? __fdiv_rn(s, (float)n) : 0.0f;
+    asm volatile("" ::: "memory");
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+        float f[VEC];
+        get(j, f);
+        if (c0 + VEC <= H) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float e = (f[k] - K) - mu;
+                m = __fmaf_rn(e, e, m);
+            }
+        } else if (c0 < H) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float e = (c0 + k < H) ? (f[k] - K) - mu : 0.0f;
+                m = __fmaf_rn(e, e, m);
+            }
+        }
+    }
+    return Stat{s, m, (float)n};
 }
 
 /* Loads of x with the evict-first (streaming, .cs) hint: 0 (default) plain
@@ -576,11 +728,25 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         const float K = cur.K;
         const bool rms = s->op == LNORM_OP_RMSNORM;
         float d = 0.0f;
+        float sq = 0.0f;
+        /* Cluster tiers: LayerNorm's statistics in one reduction (Chan
+         * merge, LNORM_CUDA_CLU_CHAN), as k_bulk. */
+        constexpr bool CHAN = CL > 1 && LNORM_CUDA_CLU_CHAN;
+        const bool chan = CHAN && !rms;
+        if constexpr (CHAN) {
+            if (chan) {
+                auto get = [&](int j, float (&f)[VEC]) { unpack<TX>(raw[j], f); };
+                const Stat a = group_stat<BLOCK, CL>(thread_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
+                par++;
+                d = a.s / (float)H;
+                sq = a.m;
+            }
+        }
         /* With one row per CTA the op is uniform and RMSNorm skips the sum;
          * with several rows per CTA every group reduces (shuffles are
          * warp-wide), and RMSNorm ignores the result. Masked columns
          * contribute 0; full chunks skip the mask. */
-        if (RPC > 1 || !rms) {
+        if (!chan && (RPC > 1 || !rms)) {
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
@@ -602,28 +768,29 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
             if (!rms)
                 d = sum / (float)H;
         }
-        float sq = 0.0f;
+        if (!chan) {
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            float f[VEC];
-            unpack<TX>(raw[j], f);
-            if (c0 + VEC <= H) {
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                float f[VEC];
+                unpack<TX>(raw[j], f);
+                if (c0 + VEC <= H) {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (f[k] - K) - d;
-                    sq = __fmaf_rn(e, e, sq);
-                }
-            } else {
+                    for (int k = 0; k < VEC; k++) {
+                        const float e = (f[k] - K) - d;
+                        sq = __fmaf_rn(e, e, sq);
+                    }
+                } else {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
-                    sq = __fmaf_rn(e, e, sq);
+                    for (int k = 0; k < VEC; k++) {
+                        const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
+                        sq = __fmaf_rn(e, e, sq);
+                    }
                 }
             }
+            sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+            par++;
         }
-        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
-        par++;
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
         if (cur.active && t == 0 && rank == 0) {
             if (s->mean)
@@ -1010,7 +1177,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++)
             unpack<TX>(raw[j], fv[j]);
     }
-    constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
+    /* Cluster tiers: LayerNorm's statistics in one reduction (Chan merge,
+     * as k_reg's cluster tiers). */
+    constexpr bool CHAN = CL > 1 && !RMS && LNORM_CUDA_CLU_CHAN;
+    constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE && !CHAN;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
         if constexpr (RMS)
@@ -1033,7 +1203,19 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
     };
     float d = 0.0f;
-    if constexpr (!RMS) {
+    float sq = 0.0f;
+    if constexpr (CHAN) {
+        auto get = [&](int j, float (&f)[VEC]) {
+            if constexpr (SMR)
+                unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
+            else
+                unpack<TX>(raw[j], f);
+        };
+        const Stat a = group_stat<BLOCK, CL>(thread_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
+        par++;
+        d = H > 0 ? a.s / (float)H : 0.0f;
+        sq = a.m;
+    } else if constexpr (!RMS) {
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
@@ -1063,28 +1245,29 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         par++;
         d = H > 0 ? sum / (float)H : 0.0f;
     }
-    float sq = 0.0f;
+    if constexpr (!CHAN) {
 #pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-        float f[VEC];
-        chunk(j, f);
-        if (AL ? c0 < H : c0 + VEC <= H) {
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            float f[VEC];
+            chunk(j, f);
+            if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = cen(f, k, d);
-                sq = __fmaf_rn(e, e, sq);
-            }
-        } else if (!AL) {
+                for (int k = 0; k < VEC; k++) {
+                    const float e = cen(f, k, d);
+                    sq = __fmaf_rn(e, e, sq);
+                }
+            } else if (!AL) {
 #pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = (c0 + k < H) ? cen(f, k, d) : 0.0f;
-                sq = __fmaf_rn(e, e, sq);
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? cen(f, k, d) : 0.0f;
+                    sq = __fmaf_rn(e, e, sq);
+                }
             }
         }
+        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+        par++;
     }
-    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
-    par++;
     if (!active)
         return; /* nothing below synchronizes */
     const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
@@ -1504,12 +1687,14 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * (measured 2026-11-29: more stages at the cost of L1 were slower). */
     /* Cluster tiers: two CTAs an SM (registers) share all of its shared
      * memory, for three stages each where they fit (SMR holds a stage
-     * through the whole row). */
-    const int64_t budget = CL > 1 ? (int64_t)LNORM__BULK_SMEM_SM - 8192 /* static memory of two CTAs */
-                                  : (int64_t)lnorm__bulk_smem_kb * 1024;
+     * through the whole row), less each CTA's static shared memory and the
+     * 1 KiB the SM reserves per CTA. */
+    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + 8 * LNORM__BULK_MAXST +
+                                   2 * 4 * (BLOCK / 32) + 1024;
     int n = occ, stages = 0;
     for (; n >= 1; n--) {
-        int64_t per = budget / n;
+        int64_t per = CL > 1 ? ((int64_t)LNORM__BULK_SMEM_SM - n * static_cta) / n
+                             : (int64_t)lnorm__bulk_smem_kb * 1024 / n;
         if (per > LNORM__BULK_SMEM_CTA)
             per = LNORM__BULK_SMEM_CTA;
         int64_t s = per / stage_bytes;
