@@ -200,10 +200,19 @@ __device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *
  * cluster (st_async_peer), counted on that CTA's bar[b]; b alternates
  * between reductions, so a slot is rewritten only two reductions later,
  * after every CTA has read it (a CTA sends its part of reduction n + 1 only
- * after all its warps have read the slots of reduction n). */
+ * after all its warps have read the slots of reduction n). Each warp
+ * reads the slots lane by lane (lane l: slots l, l + 32, ... of
+ * slot[b] taken as one array), consecutive 16-byte slots: the earlier layout [CTA][warp], read by lane k < CL as
+ * CTA k's warps in turn, had 8- to 16-way bank conflicts in the 512-thread
+ * tiers. (These declarations and index forms are ones ptxas 13.0 compiles
+ * without spills at the 64-register budget of the cluster bulk kernels; a
+ * separate float array for sums, or a flat slot array, spilled.) */
+#ifndef LNORM_CUDA_CLU_LANEREAD
+#define LNORM_CUDA_CLU_LANEREAD 1 /* 0 (A/B builds): lane k < CL reads CTA k's slots in warp order */
+#endif
 template <int CL, int NW> struct ClusterRed {
     uint64_t bar[2];
-    float4 slot[2][CL][NW]; /* a sum uses .x (4 bytes sent), partial statistics .x-.z (16) */
+    float4 slot[2][CL][NW]; /* a sum: .x (4 bytes sent); partial statistics: .x-.z (16) */
 };
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
@@ -223,10 +232,9 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
  * CTA and the cluster): red and the cluster slots are double-buffered by
  * its low bit. In a cluster (one row per CTA, TPR == BLOCK) the warps'
  * partials go straight to every CTA's slots, and each warp waits only for
- * its own CTA's barrier (no CTA or cluster barrier): lane k < CL sums CTA
- * k's warp partials in warp order, then a shuffle tree sums the CTAs, the
- * same operations in the same order as a CTA sum followed by a sum over
- * the cluster. */
+ * its own CTA's barrier (no CTA or cluster barrier): lane l sums slots l,
+ * l + 32, ... (ClusterRed), then a shuffle tree sums the lanes; every warp
+ * of the cluster does the same operations in the same order. */
 template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
@@ -245,11 +253,18 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
             st_async_peer(&cr->slot[b][rank][threadIdx.x / 32].x, x, &cr->bar[b], (uint32_t)lane);
         mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
         float v = 0.0f;
+#if LNORM_CUDA_CLU_LANEREAD
+#pragma unroll
+        for (int i = 0; i < (CL * NW + 31) / 32; i++)
+            if (i * 32 + lane < CL * NW)
+                v += (&cr->slot[0][0][0].x)[(b * CL * NW + i * 32 + lane) * 4];
+#else
         if (lane < CL) {
 #pragma unroll
             for (int i = 0; i < NW; i++)
                 v += cr->slot[b][lane][i].x;
         }
+#endif
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -269,19 +284,20 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
 }
 
 /* LayerNorm statistics of a cluster row in one reduction
- * (LNORM_CUDA_CLU_CHAN, default on). Each thread reduces its own elements
- * of the row two-pass in registers (sum of h - K, then the centred sum of
- * squares about their own mean), and the partials are merged pairwise by
- * the update of Chan, Golub and LeVeque: n = na + nb, S = Sa + Sb,
- * M = Ma + Mb + (Sa nb - Sb na)^2 / (na nb n). One reduction of three
- * values replaces a reduction of the sum followed by a second pass and a
- * reduction of the centred squares: the cluster tiers, where each
- * reduction is a round trip through the peers' shared memory, had
- * LayerNorm at 0.45-0.58 of copy against 0.78-0.85 for RMSNorm (one
- * reduction). The merge is symmetric to the bit (a - b = -(b - a)), so
- * every lane of a butterfly gets the same value, and bulk and general
- * kernels call the same functions in the same order: a row still gives
- * the same bits through either. */
+ * (LNORM_CUDA_CLU_CHAN, default on). Each warp reduces its 32 threads'
+ * elements of the row two-pass (shuffle sums: the sum of h - K, then the
+ * centred sum of squares about the warp's own mean; warp_stat), and the
+ * warps' partials are merged pairwise by the update of Chan, Golub and
+ * LeVeque: n = na + nb, S = Sa + Sb, M = Ma + Mb + (Sa nb - Sb na)^2 /
+ * (na nb n) (group_stat). One cluster reduction of three values replaces
+ * a reduction of the sum followed by a second pass and a reduction of the
+ * centred squares: the cluster tiers, where each reduction is a round
+ * trip through the peers' shared memory, had LayerNorm at 0.45-0.58 of
+ * copy against 0.78-0.85 for RMSNorm (one reduction). The merge is
+ * symmetric to the bit (a - b = -(b - a)), so every lane of a butterfly
+ * gets the same value, and bulk and general kernels call the same
+ * functions in the same order: a row still gives the same bits through
+ * either. */
 #ifndef LNORM_CUDA_CLU_CHAN
 #define LNORM_CUDA_CLU_CHAN 1
 #endif
@@ -304,38 +320,38 @@ __device__ __forceinline__ Stat stat_merge(const Stat &a, const Stat &b)
     return r;
 }
 
-__device__ __forceinline__ Stat stat_shfl_merge(const Stat &v, int m)
-{
-    Stat o;
-    o.s = __shfl_xor_sync(0xffffffffu, v.s, m);
-    o.m = __shfl_xor_sync(0xffffffffu, v.m, m);
-    o.n = __shfl_xor_sync(0xffffffffu, v.n, m);
-    return stat_merge(v, o);
-}
-
-/* Merge the partial statistics of the CL CTAs of a cluster (one row per
- * CTA): a butterfly in each warp, each warp's partial to every CTA's slots
- * (16-byte st.async), then, as group_sum, lane k < CL merges CTA k's warps
- * in warp order and a butterfly merges the CTAs. Every thread of the
- * cluster gets the same value. par: as group_sum. */
+/* Merge the partial statistics of the warps of the CL CTAs of a cluster
+ * (one row per CTA; v: this warp's, the same in every lane): each warp's
+ * partial goes to every CTA's slots (16-byte st.async), then, as
+ * group_sum, lane l merges slots l, l + 32, ... in turn and a butterfly
+ * merges the lanes. Every thread of the cluster gets the same value.
+ * par: as group_sum. */
 template <int BLOCK, int CL>
-__device__ __forceinline__ Stat group_stat(Stat v, void *crv, int rank, int par)
+__device__ __forceinline__ Stat group_stat(const Stat &v, void *crv, int rank, int par)
 {
-    static_assert(CL > 1 && (CL & (CL - 1)) == 0 && CL <= 32, "cluster of 2^k CTAs");
+    static_assert(CL > 1, "cluster tiers only");
     constexpr int NW = BLOCK / 32;
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        v = stat_shfl_merge(v, m);
+    constexpr int NS = CL * NW;
     ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
     const int b = par & 1;
     const int lane = (int)(threadIdx.x & 31);
     if (threadIdx.x == 0)
-        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float4)));
+        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(NS * sizeof(float4)));
     if (lane < CL)
         st_async_peer4(&cr->slot[b][rank][threadIdx.x / 32], make_float4(v.s, v.m, v.n, 0.0f), &cr->bar[b],
                        (uint32_t)lane);
     mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
     Stat a = {0.0f, 0.0f, 0.0f};
+#if LNORM_CUDA_CLU_LANEREAD
+#pragma unroll
+    for (int i = 0; i < (NS + 31) / 32; i++) {
+        if (i * 32 + lane < NS) {
+            const float4 q = (&cr->slot[0][0][0])[b * NS + i * 32 + lane];
+            const Stat w = {q.x, q.y, q.z};
+            a = i == 0 ? w : stat_merge(a, w);
+        }
+    }
+#else
     if (lane < CL) {
 #pragma unroll
         for (int i = 0; i < NW; i++) {
@@ -344,12 +360,15 @@ __device__ __forceinline__ Stat group_stat(Stat v, void *crv, int rank, int par)
             a = i == 0 ? w : stat_merge(a, w);
         }
     }
+#endif
 #pragma unroll
-    for (int m = CL / 2; m > 0; m >>= 1)
-        a = stat_shfl_merge(a, m);
-    a.s = __shfl_sync(0xffffffffu, a.s, 0);
-    a.m = __shfl_sync(0xffffffffu, a.m, 0);
-    a.n = __shfl_sync(0xffffffffu, a.n, 0);
+    for (int m = 16; m > 0; m >>= 1) {
+        Stat o;
+        o.s = __shfl_xor_sync(0xffffffffu, a.s, m);
+        o.m = __shfl_xor_sync(0xffffffffu, a.m, m);
+        o.n = __shfl_xor_sync(0xffffffffu, a.n, m);
+        a = stat_merge(a, o);
+    }
     return a;
 }
 
@@ -380,15 +399,16 @@ template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16
     return r.u;
 }
 
-/* This thread's partial statistics of h - K over its chunks (column
- * mapping of the file header; the sums in the order of the two-pass
- * kernels): masked columns are left out, n counts the columns < H.
- * get(j, f) reads chunk j as fp32 (from registers or shared memory); the
- * second pass reads the chunks again (a compiler barrier between the
- * passes keeps the compiler from holding the whole row as fp32, which
- * spilled the 64-register cluster kernels). */
+/* The partial statistics of h - K over the chunks of this warp's 32
+ * threads (column mapping of the file header), two-pass: the warp's sum
+ * (masked columns left out, n counts the columns < H), then the centred
+ * sum of squares about the warp's own mean. Every lane gets the same
+ * value. get(j, f) reads chunk j as fp32 (from registers or shared
+ * memory); the second pass reads the chunks again (a compiler barrier
+ * between the passes keeps the compiler from holding the whole row as
+ * fp32, which spilled the 64-register cluster kernels). */
 template <typename TX, int NCH, int TPR, typename G>
-__device__ __forceinline__ Stat thread_stat(G &&get, int rank, int t, int H, float K)
+__device__ __forceinline__ Stat warp_stat(G &&get, int rank, int t, int H, float K)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     float s = 0.0f;
@@ -410,9 +430,14 @@ __device__ __forceinline__ Stat thread_stat(G &&get, int rank, int t, int H, flo
             n += H - c0;
         }
     }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, m);
+        n += __shfl_xor_sync(0xffffffffu, n, m);
+    }
     const float mu = n > 0 ? __fdiv_rn(s, (float)n) : 0.0f;
     asm volatile("" ::: "memory");
-    float m = 0.0f;
+    float q = 0.0f;
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
@@ -422,17 +447,20 @@ __device__ __forceinline__ Stat thread_stat(G &&get, int rank, int t, int H, flo
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = (f[k] - K) - mu;
-                m = __fmaf_rn(e, e, m);
+                q = __fmaf_rn(e, e, q);
             }
         } else if (c0 < H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = (c0 + k < H) ? (f[k] - K) - mu : 0.0f;
-                m = __fmaf_rn(e, e, m);
+                q = __fmaf_rn(e, e, q);
             }
         }
     }
-    return Stat{s, m, (float)n};
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        q += __shfl_xor_sync(0xffffffffu, q, m);
+    return Stat{s, q, (float)n};
 }
 
 /* Loads of x with the evict-first (streaming, .cs) hint: 0 (default) plain
@@ -736,7 +764,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         if constexpr (CHAN) {
             if (chan) {
                 auto get = [&](int j, float (&f)[VEC]) { unpack<TX>(raw[j], f); };
-                const Stat a = group_stat<BLOCK, CL>(thread_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
+                const Stat a = group_stat<BLOCK, CL>(warp_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
                 par++;
                 d = a.s / (float)H;
                 sq = a.m;
@@ -1211,7 +1239,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             else
                 unpack<TX>(raw[j], f);
         };
-        const Stat a = group_stat<BLOCK, CL>(thread_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
+        const Stat a = group_stat<BLOCK, CL>(warp_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
         par++;
         d = H > 0 ? a.s / (float)H : 0.0f;
         sq = a.m;
