@@ -3,7 +3,8 @@
  *  1. The CPU backend's matrix (op x x-dtype x y-dtype x affine x param
  *     dtype x residual x stats x H, padded rows) on the GPU against the
  *     float64 reference, outputs poisoned (padding writes fail too), plus
- *     one hidden size inside every tier (clusters and the streaming tier).
+ *     one hidden size inside every tier (clusters and the streaming tier),
+ *     and LayerNorm with |mean| >> spread in every tier.
  *  2. GPU against the CPU backend on the same inputs (residual_out and
  *     y within a bound of each other, residual_out bit-exact).
  *  3. Alignment invariance: every third case again with every tensor
@@ -323,6 +324,28 @@ static void sweep(lnorm_rng *g, int quick)
                         c.pad = res ? 5 : 0;
                         run_case(&c, g, res == 0 && op == LNORM_OP_LAYERNORM);
                     }
+    }
+    /* LayerNorm with |mean| >> spread (f32 x ~ 1000 + N(0, 1)) in every tier:
+     * the shift K keeps the sums small, also through the cluster tiers'
+     * merge of per-warp statistics (Chan), where the merge term squares a
+     * difference of partial sums. */
+    for (int part = 0; part < 2; part++) {
+        const int64_t *list = part ? big_h : tier_h;
+        size_t n = part ? sizeof big_h / sizeof *big_h : sizeof tier_h / sizeof *tier_h;
+        for (size_t hi = 0; hi < n; hi++) {
+            if (quick && hi % 3)
+                continue;
+            lnorm_test_case_cfg c = {0};
+            c.op = LNORM_OP_LAYERNORM;
+            c.x_dtype = c.y_dtype = c.param_dtype = LNORM_DTYPE_F32;
+            c.gamma = c.beta = 1;
+            c.stats = 1;
+            c.x_mean = 1000.0;
+            c.x_spread = 1.0;
+            c.hidden = list[hi];
+            c.rows = c.hidden > 300000 ? 1 : c.hidden > 4096 ? 2 : 7;
+            run_case(&c, g, 1);
+        }
     }
 }
 
