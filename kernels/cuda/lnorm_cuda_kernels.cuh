@@ -148,15 +148,15 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b)
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
 }
 
-/* Wait until the phase with this parity has completed. With a suspend-time
- * hint (LNORM_CUDA_MBAR_HINT, ns, default 10 ms, the bound CUTLASS uses)
- * the waiting warp is suspended until the phase completes (or the hint
- * runs out) instead of polling: Nsight Compute on bf16 LayerNorm at
- * H = 131072 (056e11f, H200) counted 11.7 M retries of the cluster
- * reduction's wait without it, 19% of the kernel's executed instructions
- * in a kernel bound by instruction issue. 0: no hint (polling). */
+/* Wait until the phase with this parity has completed (polling).
+ * LNORM_CUDA_MBAR_HINT > 0 (A/B builds) adds a suspend-time hint in ns: the
+ * warp sleeps on the barrier (NANOSLEEP.SYNCS) instead of polling. Nsight
+ * Compute on bf16 LayerNorm at H = 131072 (056e11f, H200) counted 11.7 M
+ * polls of the cluster reduction's wait, 19% of the kernel's executed
+ * instructions; with a 10 ms hint every benchmark row moved by -1..+1%
+ * (6ece460, same run): the wait's latency is the cost, not the polls. */
 #ifndef LNORM_CUDA_MBAR_HINT
-#define LNORM_CUDA_MBAR_HINT 10000000
+#define LNORM_CUDA_MBAR_HINT 0
 #endif
 __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity)
 {
@@ -213,24 +213,25 @@ __device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *
                  : "memory");
 }
 
-/* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs): warp
- * w of CTA k stores its partial into slot[b][k][w] of every CTA of the
- * cluster (st_async_peer), counted on that CTA's bar[b]; b alternates
- * between reductions, so a slot is rewritten only two reductions later,
- * after every CTA has read it (a CTA sends its part of reduction n + 1 only
- * after all its warps have read the slots of reduction n). Each warp
- * reads the slots lane by lane (lane l: slots l, l + 32, ... of
- * slot[b] taken as one array), consecutive 16-byte slots: the earlier layout [CTA][warp], read by lane k < CL as
- * CTA k's warps in turn, had 8- to 16-way bank conflicts in the 512-thread
- * tiers. (These declarations and index forms are ones ptxas 13.0 compiles
+/* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs). Each
+ * reduction n takes buffer b = n % 3: warp w of CTA k stores its partial
+ * into slot[b][k][w] of every CTA of the cluster (st_async_peer), counted
+ * on that CTA's bar[b]. Three buffers let a CTA send its part of reduction
+ * n + 1 before it reads reduction n (k_bulk's pipelined cluster rows): a
+ * peer sends n + 3 only after reduction n + 2 is complete, which needs
+ * this CTA's part of n + 2, sent after it read n, so a slot is rewritten
+ * only once every CTA has read it. Each warp reads the slots lane by lane
+ * (lane l: slots l, l + 32, ... of slot[b] taken as one array), consecutive
+ * 16-byte slots: the earlier layout, read by lane k < CL as CTA k's warps
+ * in turn, had 8- to 16-way bank conflicts in the 512-thread tiers (056e11f
+ * on the H200: bf16 RMSNorm H = 262144 at 1857 GB/s that way, 3277 lane by
+ * lane). (These declarations and index forms are ones ptxas 13.0 compiles
  * without spills at the 64-register budget of the cluster bulk kernels; a
  * separate float array for sums, or a flat slot array, spilled.) */
-#ifndef LNORM_CUDA_CLU_LANEREAD
-#define LNORM_CUDA_CLU_LANEREAD 1 /* 0 (A/B builds): lane k < CL reads CTA k's slots in warp order */
-#endif
+#define LNORM__CRB 3
 template <int CL, int NW> struct ClusterRed {
-    uint64_t bar[2];
-    float4 slot[2][CL][NW]; /* a sum: .x (4 bytes sent); partial statistics: .x-.z (16) */
+    uint64_t bar[LNORM__CRB];
+    float4 slot[LNORM__CRB][CL][NW]; /* a sum: .x (4 bytes sent); partial statistics: .x-.z (16) */
 };
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
@@ -238,21 +239,52 @@ template <int CL, int NW> struct ClusterRed {
 template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW> *cr)
 {
     if (threadIdx.x == 0) {
-        mbar_init(&cr->bar[0], 1);
-        mbar_init(&cr->bar[1], 1);
+        for (int i = 0; i < LNORM__CRB; i++)
+            mbar_init(&cr->bar[i], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+}
+
+/* Send this warp's total x (every lane holds it) as its part of cluster
+ * reduction par. */
+template <int CL, int NW>
+__device__ __forceinline__ void clu_send(ClusterRed<CL, NW> *cr, float x, int rank, int par)
+{
+    const int b = par % LNORM__CRB;
+    const int lane = (int)(threadIdx.x & 31);
+    if (threadIdx.x == 0)
+        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
+    if (lane < CL)
+        st_async_peer(&cr->slot[b][rank][threadIdx.x / 32].x, x, &cr->bar[b], (uint32_t)lane);
+}
+
+/* Wait for cluster reduction par and sum it: lane l sums slots l, l + 32,
+ * ..., then a shuffle tree sums the lanes; every warp of the cluster does
+ * the same operations in the same order. */
+template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<CL, NW> *cr, int par)
+{
+    const int b = par % LNORM__CRB;
+    const int lane = (int)(threadIdx.x & 31);
+    mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (CL * NW + 31) / 32; i++)
+        if (i * 32 + lane < CL * NW)
+            v += (&cr->slot[0][0][0].x)[(b * CL * NW + i * 32 + lane) * 4];
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
 }
 
 /* Sum over the TPR threads of a row group, then over the CL CTAs of a
  * cluster. Deterministic (fixed trees); every thread of the group gets the
  * same value. par counts the reductions of the kernel (uniform over the
- * CTA and the cluster): red and the cluster slots are double-buffered by
- * its low bit. In a cluster (one row per CTA, TPR == BLOCK) the warps'
- * partials go straight to every CTA's slots, and each warp waits only for
- * its own CTA's barrier (no CTA or cluster barrier): lane l sums slots l,
- * l + 32, ... (ClusterRed), then a shuffle tree sums the lanes; every warp
- * of the cluster does the same operations in the same order. */
+ * CTA and the cluster): red is double-buffered by its low bit, the cluster
+ * slots take par % 3. In a cluster (one row per CTA, TPR == BLOCK) the
+ * warps' partials go straight to every CTA's slots, and each warp waits
+ * only for its own CTA's barrier (no CTA or cluster barrier): clu_send,
+ * clu_recv. */
 template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
@@ -261,32 +293,9 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         x += __shfl_xor_sync(0xffffffffu, x, m);
     if constexpr (CL > 1) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
-        constexpr int NW = BLOCK / 32;
-        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
-        const int b = par & 1;
-        const int lane = (int)(threadIdx.x & 31);
-        if (threadIdx.x == 0)
-            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
-        if (lane < CL)
-            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32].x, x, &cr->bar[b], (uint32_t)lane);
-        mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
-        float v = 0.0f;
-#if LNORM_CUDA_CLU_LANEREAD
-#pragma unroll
-        for (int i = 0; i < (CL * NW + 31) / 32; i++)
-            if (i * 32 + lane < CL * NW)
-                v += (&cr->slot[0][0][0].x)[(b * CL * NW + i * 32 + lane) * 4];
-#else
-        if (lane < CL) {
-#pragma unroll
-            for (int i = 0; i < NW; i++)
-                v += cr->slot[b][lane][i].x;
-        }
-#endif
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, m);
-        x = v;
+        ClusterRed<CL, BLOCK / 32> *cr = static_cast<ClusterRed<CL, BLOCK / 32> *>(crv);
+        clu_send(cr, x, rank, par);
+        x = clu_recv(cr, par);
     } else if constexpr (TPR > 32) {
         constexpr int WPG = TPR / 32;
         if ((threadIdx.x & 31) == 0)
@@ -338,29 +347,31 @@ __device__ __forceinline__ Stat stat_merge(const Stat &a, const Stat &b)
     return r;
 }
 
-/* Merge the partial statistics of the warps of the CL CTAs of a cluster
- * (one row per CTA; v: this warp's, the same in every lane): each warp's
- * partial goes to every CTA's slots (16-byte st.async), then, as
- * group_sum, lane l merges slots l, l + 32, ... in turn and a butterfly
- * merges the lanes. Every thread of the cluster gets the same value.
- * par: as group_sum. */
-template <int BLOCK, int CL>
-__device__ __forceinline__ Stat group_stat(const Stat &v, void *crv, int rank, int par)
+/* Send this warp's partial statistics v (every lane holds them) as its
+ * part of cluster reduction par (16-byte st.async). */
+template <int CL, int NW>
+__device__ __forceinline__ void clu_send_stat(ClusterRed<CL, NW> *cr, const Stat &v, int rank, int par)
 {
-    static_assert(CL > 1, "cluster tiers only");
-    constexpr int NW = BLOCK / 32;
-    constexpr int NS = CL * NW;
-    ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
-    const int b = par & 1;
+    const int b = par % LNORM__CRB;
     const int lane = (int)(threadIdx.x & 31);
     if (threadIdx.x == 0)
-        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(NS * sizeof(float4)));
+        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float4)));
     if (lane < CL)
         st_async_peer4(&cr->slot[b][rank][threadIdx.x / 32], make_float4(v.s, v.m, v.n, 0.0f), &cr->bar[b],
                        (uint32_t)lane);
-    mbar_wait(&cr->bar[b], (uint32_t)((par >> 1) & 1));
+}
+
+/* Wait for cluster reduction par and merge the partial statistics of the
+ * warps of the CL CTAs: as clu_recv, lane l merges slots l, l + 32, ... in
+ * turn and a butterfly merges the lanes. Every thread of the cluster gets
+ * the same value. */
+template <int CL, int NW> __device__ __forceinline__ Stat clu_recv_stat(ClusterRed<CL, NW> *cr, int par)
+{
+    constexpr int NS = CL * NW;
+    const int b = par % LNORM__CRB;
+    const int lane = (int)(threadIdx.x & 31);
+    mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
     Stat a = {0.0f, 0.0f, 0.0f};
-#if LNORM_CUDA_CLU_LANEREAD
 #pragma unroll
     for (int i = 0; i < (NS + 31) / 32; i++) {
         if (i * 32 + lane < NS) {
@@ -369,16 +380,6 @@ __device__ __forceinline__ Stat group_stat(const Stat &v, void *crv, int rank, i
             a = i == 0 ? w : stat_merge(a, w);
         }
     }
-#else
-    if (lane < CL) {
-#pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const float4 q = cr->slot[b][lane][i];
-            const Stat w = {q.x, q.y, q.z};
-            a = i == 0 ? w : stat_merge(a, w);
-        }
-    }
-#endif
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) {
         Stat o;
@@ -388,6 +389,17 @@ __device__ __forceinline__ Stat group_stat(const Stat &v, void *crv, int rank, i
         a = stat_merge(a, o);
     }
     return a;
+}
+
+/* The partial statistics of the CL CTAs of a cluster merged (one row per
+ * CTA; v: this warp's): clu_send_stat, clu_recv_stat. par: as group_sum. */
+template <int BLOCK, int CL>
+__device__ __forceinline__ Stat group_stat(const Stat &v, void *crv, int rank, int par)
+{
+    static_assert(CL > 1, "cluster tiers only");
+    ClusterRed<CL, BLOCK / 32> *cr = static_cast<ClusterRed<CL, BLOCK / 32> *>(crv);
+    clu_send_stat(cr, v, rank, par);
+    return clu_recv_stat(cr, par);
 }
 
 /* The 16 bytes of one x chunk, as raw bits or as VEC elements. */
@@ -1187,6 +1199,88 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
+/* The output pass of a row (fast_row, and k_bulk's pipelined cluster rows):
+ * rstd from sq (the sum of squares, centred for LayerNorm), mean/rstd,
+ * y = ((h - K) - d) * rstd * gamma + beta. chunk(j, f) reads this thread's
+ * chunk j as fp32, cen(f, k, d) gives the centred element. */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool GC, bool AL, typename CH, typename CE>
+__device__ __forceinline__ void fast_out(CH &&chunk, CE &&cen, const lnorm__kseg *s, int64_t r, int H, float K,
+                                         float d, float sq, int rank, int t, uint4 (&gcache)[GC ? NCH : 1],
+                                         uint4 (&bcache)[GC ? NCH : 1], const lnorm__kseg *&cs)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads (see fast_row) */
+    const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+    if (t == 0 && rank == 0) {
+        if (s->mean)
+            s->mean[r] = K + d;
+        if (s->rstd)
+            s->rstd[r] = rstd;
+    }
+    const TP *gp = (const TP *)s->gamma;
+    const TP *bp = (const TP *)s->beta;
+    const bool gal = ((uintptr_t)gp & 15) == 0;
+    const bool bal = ((uintptr_t)bp & 15) == 0;
+    if constexpr (GC) {
+        if (s != cs) {
+            cs = s;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
+                bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
+            }
+        }
+    }
+    TX *yr = (TX *)s->y + r * s->y_stride;
+    const bool yal = ((uintptr_t)yr & 15) == 0;
+    /* The output pass; g_ / b_: gamma / beta, or a null constant where the
+     * caller knows the parameter is absent (so its fills fold away). */
+    auto emit = [&](const TP *g_, const TP *b_) {
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            if (c0 >= H)
+                continue;
+            float f[VEC], g[VEC], b[VEC];
+            chunk(j, f);
+            if constexpr (GC) {
+                unpack<TP>(gcache[j], g);
+                unpack<TP>(bcache[j], b);
+            } else if constexpr (AL) {
+                load_param_full<TP, VEC>(g_, c0, 1.0f, g);
+                load_param_full<TP, VEC>(b_, c0, -0.0f, b);
+            } else {
+                load_param<TP, VEC, NC4>(g_, c0, H, gal, 1.0f, g);
+                load_param<TP, VEC, NC4>(b_, c0, H, bal, -0.0f, b);
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float n = __fmul_rn(cen(f, k, d), rstd);
+                f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
+            }
+            if constexpr (AL)
+                store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
+            else
+                store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+#if LNORM_CUDA_EMIT_BARRIER
+            if constexpr (!NC4)
+                asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
+#endif
+        }
+    };
+    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
+        if (gp != nullptr && bp != nullptr)
+            emit(gp, bp);
+        else if (gp != nullptr)
+            emit(gp, nullptr);
+        else
+            emit(nullptr, bp);
+    } else {
+        emit(gp, bp);
+    }
+}
+
 /* The fast path's arithmetic for one row, shared by k_fast (rows loaded
  * from global memory) and k_bulk (rows staged in shared memory), so a row
  * gives the same bits through either: raw holds the row's chunks of this
@@ -1316,75 +1410,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     }
     if (!active)
         return; /* nothing below synchronizes */
-    const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
-    if (t == 0 && rank == 0) {
-        if (s->mean)
-            s->mean[r] = K + d;
-        if (s->rstd)
-            s->rstd[r] = rstd;
-    }
-    const TP *gp = (const TP *)s->gamma;
-    const TP *bp = (const TP *)s->beta;
-    const bool gal = ((uintptr_t)gp & 15) == 0;
-    const bool bal = ((uintptr_t)bp & 15) == 0;
-    if constexpr (GC) {
-        if (s != cs) {
-            cs = s;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
-                bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
-            }
-        }
-    }
-    TX *yr = (TX *)s->y + r * s->y_stride;
-    const bool yal = ((uintptr_t)yr & 15) == 0;
-    /* The output pass; g_ / b_: gamma / beta, or a null constant where the
-     * caller knows the parameter is absent (so its fills fold away). */
-    auto emit = [&](const TP *g_, const TP *b_) {
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            if (c0 >= H)
-                continue;
-            float f[VEC], g[VEC], b[VEC];
-            chunk(j, f);
-            if constexpr (GC) {
-                unpack<TP>(gcache[j], g);
-                unpack<TP>(bcache[j], b);
-            } else if constexpr (AL) {
-                load_param_full<TP, VEC>(g_, c0, 1.0f, g);
-                load_param_full<TP, VEC>(b_, c0, -0.0f, b);
-            } else {
-                load_param<TP, VEC, NC4>(g_, c0, H, gal, 1.0f, g);
-                load_param<TP, VEC, NC4>(b_, c0, H, bal, -0.0f, b);
-            }
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float n = __fmul_rn(cen(f, k, d), rstd);
-                f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
-            }
-            if constexpr (AL)
-                store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
-            else
-                store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
-#if LNORM_CUDA_EMIT_BARRIER
-            if constexpr (!NC4)
-                asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
-#endif
-        }
-    };
-    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
-        if (gp != nullptr && bp != nullptr)
-            emit(gp, bp);
-        else if (gp != nullptr)
-            emit(gp, nullptr);
-        else
-            emit(nullptr, bp);
-    } else {
-        emit(gp, bp);
-    }
+    fast_out<TX, TP, RMS, TPR, NCH, GC, AL>(chunk, cen, s, r, H, K, d, sq, rank, t, gcache, bcache, cs);
 }
 
 /* The LayerNorm shift of a row from its first element (0 if not finite). */
@@ -1547,6 +1573,131 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
         mbar_arrive(bar);
 }
 
+/* Pipelined cluster rows (LNORM_CUDA_CLU_PIPE, default on): in the cluster
+ * tiers a row's reduction is a round trip through every CTA of the cluster,
+ * and with one row at a time every warp waited for it (Nsight Compute on
+ * bf16 LayerNorm, H = 131072, 056e11f: the wait on the reduction was the
+ * largest single stall). Where a row has one reduction (RMSNorm, and
+ * LayerNorm with LNORM_CUDA_CLU_CHAN), each CTA sends its partial of row
+ * k + 1 before it waits for row k's reduction and writes row k, so the
+ * round trip of one row overlaps the statistics pass of the next
+ * (reduction n in buffer n % 3, ClusterRed). The same functions in the same
+ * order as fast_row / k_reg (warp_stat or the masked sum of squares, the
+ * cluster merge, fast_out): the same bits. Rows are staged as in k_bulk
+ * (SMR: read from their stage in every pass); stage k % stages holds the
+ * k-th row of this cluster and is refilled once that row is written. */
+#ifndef LNORM_CUDA_CLU_PIPE
+#define LNORM_CUDA_CLU_PIPE 1
+#endif
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, bool GC>
+__device__ __forceinline__ void clu_pipe(const lnorm__kparams &p, int stages, unsigned char *stage_mem,
+                                         int64_t stage_bytes, uint64_t *bar, ClusterRed<CL, TPR / 32> *cr, int rank,
+                                         int t, int64_t cid, int64_t ncl, int64_t ntiles, int64_t rs,
+                                         uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
+                                         const lnorm__kseg *&cs)
+{
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    struct Row {
+        const lnorm__kseg *s;
+        int64_t r;
+        int H;
+        float K;
+    };
+    const bool multi = p.table != nullptr;
+    /* The k-th row of this cluster (one row a tile; every tile < ntiles
+     * has a row), its stage waited for, its partial sent (reduction k). */
+    auto start = [&](int64_t k) -> Row {
+        Row w;
+        const int64_t row = cid + k * ncl;
+        w.s = multi ? find_seg(p, row) : &p.one;
+        w.r = row - w.s->row_begin;
+        w.H = (int)w.s->hidden;
+        TX x0 = TX(0.0f);
+        if constexpr (!RMS)
+            x0 = ((const TX *)w.s->x + w.r * w.s->x_stride)[0]; /* overlaps the wait */
+        mbar_wait(&bar[k % stages], (uint32_t)((k / stages) & 1));
+        w.K = RMS ? 0.0f : shift_of<TX>(x0);
+        const unsigned char *src = stage_mem + (k % stages) * stage_bytes;
+        const int H = w.H;
+        if constexpr (RMS) {
+            float sq = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                float f[VEC];
+                unpack<TX>(*reinterpret_cast<const uint4 *>(src + (j * TPR + t) * 16), f);
+                if (c0 + VEC <= H) {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        sq = __fmaf_rn(f[e], f[e], sq);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float v = (c0 + e < H) ? f[e] : 0.0f;
+                        sq = __fmaf_rn(v, v, sq);
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1)
+                sq += __shfl_xor_sync(0xffffffffu, sq, m);
+            clu_send(cr, sq, rank, (int)k);
+        } else {
+            auto get = [&](int j, float (&f)[VEC]) {
+                unpack<TX>(*reinterpret_cast<const uint4 *>(src + (j * TPR + t) * 16), f);
+            };
+            clu_send_stat(cr, warp_stat<TX, NCH, TPR>(get, rank, t, H, w.K), rank, (int)k);
+        }
+        return w;
+    };
+    /* Row k's reduction, its output pass, then its stage's refill. */
+    auto finish = [&](const Row &w, int64_t k) {
+        float d = 0.0f, sq;
+        if constexpr (RMS) {
+            sq = clu_recv(cr, (int)k);
+        } else {
+            const Stat a = clu_recv_stat(cr, (int)k);
+            d = a.s / (float)w.H;
+            sq = a.m;
+        }
+        const unsigned char *src = stage_mem + (k % stages) * stage_bytes;
+        auto chunk = [&](int j, float (&f)[VEC]) {
+            unpack<TX>(*reinterpret_cast<const uint4 *>(src + (j * TPR + t) * 16), f);
+        };
+        const float K = w.K;
+        auto cen = [&](const float (&f)[VEC], int e, float dd) -> float {
+            if constexpr (RMS)
+                return f[e];
+            else
+                return (f[e] - K) - dd;
+        };
+        fast_out<TX, TP, RMS, TPR, NCH, GC, false>(chunk, cen, w.s, w.r, w.H, K, d, sq, rank, t, gcache, bcache,
+                                                  cs);
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const int64_t nt = cid + (k + stages) * ncl;
+            if (nt < ntiles) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                bulk_issue<TX, TPR, NCH, CL, 1>(p, nt, rank, stage_mem + (k % stages) * stage_bytes, rs,
+                                                &bar[k % stages]);
+            }
+        }
+    };
+    if (cid >= ntiles)
+        return;
+    Row cur = start(0);
+    for (int64_t k = 0;; k++) {
+        const bool more = cid + (k + 1) * ncl < ntiles; /* uniform over the cluster */
+        Row nxt = cur;
+        if (more)
+            nxt = start(k + 1);
+        finish(cur, k);
+        if (!more)
+            break;
+        cur = nxt;
+    }
+}
+
 /* CTA size and register budget of a bulk kernel: the bytes in flight come
  * from the stages, not from registers, so a thread may use more registers
  * than in k_fast (no spills): up to 128 a thread, and at least two
@@ -1585,6 +1736,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     constexpr bool SMR = CL > 1 && LNORM_CUDA_CLU_SMEM;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
+    /* PIPE: rows with one reduction each go through clu_pipe. */
+    constexpr bool PIPE = SMR && LNORM_CUDA_CLU_PIPE && (RMS || LNORM_CUDA_CLU_CHAN);
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
@@ -1618,6 +1771,12 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     int par = 0;
     uint4 gcache[NGC], bcache[NGC];
     const lnorm__kseg *cs = nullptr;
+    if constexpr (PIPE) {
+        clu_pipe<TX, TP, RMS, TPR, NCH, CL, GC>(p, stages, stage_mem, stage_bytes, bar, &cr, rank, t, cid, ncl, ntiles,
+                                                 rs, gcache, bcache, cs);
+        cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
+        return;
+    }
     int st = 0;
     uint32_t phase = 0;
     for (int64_t k = 0;; k++) {
