@@ -311,22 +311,24 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
 }
 
 /* LayerNorm statistics of a cluster row in one reduction
- * (LNORM_CUDA_CLU_CHAN, default on). Each warp reduces its 32 threads'
- * elements of the row two-pass (shuffle sums: the sum of h - K, then the
- * centred sum of squares about the warp's own mean; warp_stat), and the
- * warps' partials are merged pairwise by the update of Chan, Golub and
- * LeVeque: n = na + nb, S = Sa + Sb, M = Ma + Mb + (Sa nb - Sb na)^2 /
- * (na nb n) (group_stat). One cluster reduction of three values replaces
- * a reduction of the sum followed by a second pass and a reduction of the
- * centred squares: the cluster tiers, where each reduction is a round
- * trip through the peers' shared memory, had LayerNorm at 0.45-0.58 of
- * copy against 0.78-0.85 for RMSNorm (one reduction). The merge is
- * symmetric to the bit (a - b = -(b - a)), so every lane of a butterfly
- * gets the same value, and bulk and general kernels call the same
- * functions in the same order: a row still gives the same bits through
- * either. */
+ * (LNORM_CUDA_CLU_CHAN; A/B builds, off by default). Each warp reduces its
+ * 32 threads' elements of the row two-pass (shuffle sums: the sum of h - K,
+ * then the centred sum of squares about the warp's own mean; warp_stat),
+ * and the warps' partials are merged pairwise by the update of Chan, Golub
+ * and LeVeque: n = na + nb, S = Sa + Sb, M = Ma + Mb + (Sa nb - Sb na)^2 /
+ * (na nb n) (group_stat). One cluster reduction of three values replaces a
+ * reduction of the sum followed by a second pass and a reduction of the
+ * centred squares. The merge is symmetric to the bit (a - b = -(b - a)),
+ * so every lane of a butterfly gets the same value, and bulk and general
+ * kernels call the same functions in the same order: a row gives the same
+ * bits through either. Measured on the H200 (4da8ac7, same run): with the
+ * conflict-free slot reads (ClusterRed) and the two-pass kernels free of
+ * spills, the two-pass statistics were faster (bf16 LayerNorm H = 32768 -
+ * 262144: 2976 / 2703 / 2546 / 2134 GB/s against 2813 / 2467 / 2389 /
+ * 2096 with this; f32 faster at H = 16384 - 65536 by 1-6%, slower at
+ * 131072 and 262144), so the default is the two-pass. */
 #ifndef LNORM_CUDA_CLU_CHAN
-#define LNORM_CUDA_CLU_CHAN 1
+#define LNORM_CUDA_CLU_CHAN 0
 #endif
 
 /* Partial statistics: n elements, s = their sum, m = the sum of their
@@ -1209,7 +1211,14 @@ __device__ __forceinline__ void fast_out(CH &&chunk, CE &&cen, const lnorm__kseg
                                          uint4 (&bcache)[GC ? NCH : 1], const lnorm__kseg *&cs)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
-    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads (see fast_row) */
+    /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
+     * gamma/beta with plain loads, one chunk at a time behind a compiler
+     * barrier, as measured at ef6a1bd (H200, 2026-11-30 00:55): read-only
+     * loads without the barrier let the compiler hoist them, and bf16
+     * RMSNorm in the bulk cluster kernels spilled more and ran 15-17% slower
+     * (e2e430e, 02:39). 4-chunk tiers: read-only loads, no barrier (k_fast's
+     * measured form). */
+    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
     const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
     if (t == 0 && rank == 0) {
         if (s->mean)
@@ -1298,14 +1307,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                                          const lnorm__kseg *&cs, const unsigned char *srow = nullptr)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
-    /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
-     * gamma/beta with plain loads, one chunk at a time behind a compiler
-     * barrier, as measured at ef6a1bd (H200, 2026-11-30 00:55): read-only
-     * loads without the barrier let the compiler hoist them, and bf16
-     * RMSNorm in the bulk cluster kernels spilled more and ran 15-17% slower
-     * (e2e430e, 02:39). 4-chunk tiers: read-only loads, no barrier (k_fast's
-     * measured form). */
-    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
     /* F32REG: the row's chunks converted to fp32 once, kept in registers
      * for the three passes (the bulk kernels, where registers are not
      * what holds bytes in flight; the conversions were a measurable part
@@ -1573,21 +1574,27 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
         mbar_arrive(bar);
 }
 
-/* Pipelined cluster rows (LNORM_CUDA_CLU_PIPE, default on): in the cluster
- * tiers a row's reduction is a round trip through every CTA of the cluster,
- * and with one row at a time every warp waited for it (Nsight Compute on
- * bf16 LayerNorm, H = 131072, 056e11f: the wait on the reduction was the
- * largest single stall). Where a row has one reduction (RMSNorm, and
- * LayerNorm with LNORM_CUDA_CLU_CHAN), each CTA sends its partial of row
- * k + 1 before it waits for row k's reduction and writes row k, so the
- * round trip of one row overlaps the statistics pass of the next
- * (reduction n in buffer n % 3, ClusterRed). The same functions in the same
- * order as fast_row / k_reg (warp_stat or the masked sum of squares, the
- * cluster merge, fast_out): the same bits. Rows are staged as in k_bulk
- * (SMR: read from their stage in every pass); stage k % stages holds the
- * k-th row of this cluster and is refilled once that row is written. */
+/* Pipelined cluster rows (LNORM_CUDA_CLU_PIPE; A/B builds, off by
+ * default): in the cluster tiers a row's reduction is a round trip through
+ * every CTA of the cluster, and with one row at a time every warp waits for
+ * it (Nsight Compute on bf16 LayerNorm, H = 131072, 056e11f: the wait on
+ * the reduction was the largest single stall). Where a row has one
+ * reduction (RMSNorm, and LayerNorm with LNORM_CUDA_CLU_CHAN), each CTA
+ * sends its partial of row k + 1 before it waits for row k's reduction and
+ * writes row k, so the round trip of one row overlaps the statistics pass
+ * of the next (reduction n in buffer n % 3, ClusterRed). The same functions
+ * in the same order as fast_row / k_reg (warp_stat or the masked sum of
+ * squares, the cluster merge, fast_out): the same bits (test_gpu and the
+ * A/B columns checked it). Rows are staged as in k_bulk (SMR: read from
+ * their stage in every pass); stage k % stages holds the k-th row of this
+ * cluster and is refilled once that row is written, so one stage fewer is
+ * in flight. Measured on the H200 (4da8ac7, same run, against the same
+ * build without it): bf16 RMSNorm +2-3% at H = 131072 / 262144, -1-2% at
+ * 32768 / 65536, f32 RMSNorm 5-10% slower at H = 16384 - 131072, LayerNorm
+ * (with CLU_CHAN) 10-31% slower except f32 H = 262144 (+10%); the
+ * pipelined kernels spill 16-80 bytes at the 64-register budget. Off. */
 #ifndef LNORM_CUDA_CLU_PIPE
-#define LNORM_CUDA_CLU_PIPE 1
+#define LNORM_CUDA_CLU_PIPE 0
 #endif
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, bool GC>
 __device__ __forceinline__ void clu_pipe(const lnorm__kparams &p, int stages, unsigned char *stage_mem,
