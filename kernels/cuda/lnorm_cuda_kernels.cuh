@@ -229,10 +229,26 @@ __device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *
  * without spills at the 64-register budget of the cluster bulk kernels; a
  * separate float array for sums, or a flat slot array, spilled.) */
 #define LNORM__CRB 3
+#ifndef LNORM_CUDA_CLU_CHAN
+#define LNORM_CUDA_CLU_CHAN 0 /* A/B builds: LayerNorm's cluster statistics in one reduction (below) */
+#endif
 template <int CL, int NW> struct ClusterRed {
     uint64_t bar[LNORM__CRB];
+#if LNORM_CUDA_CLU_CHAN
     float4 slot[LNORM__CRB][CL][NW]; /* a sum: .x (4 bytes sent); partial statistics: .x-.z (16) */
+#else
+    float slot[LNORM__CRB][CL][NW]; /* sums only: 4-byte slots (16-byte ones: f32 H = 262144 6% slower) */
+#endif
 };
+/* The float a sum is stored in, and the slot's size in floats. */
+__device__ __forceinline__ float *slot_x(float *p)
+{
+    return p;
+}
+__device__ __forceinline__ float *slot_x(float4 *p)
+{
+    return &p->x;
+}
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
  * the cluster (no CTA may store into a peer's barrier before its init). */
@@ -255,7 +271,7 @@ __device__ __forceinline__ void clu_send(ClusterRed<CL, NW> *cr, float x, int ra
     if (threadIdx.x == 0)
         mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
     if (lane < CL)
-        st_async_peer(&cr->slot[b][rank][threadIdx.x / 32].x, x, &cr->bar[b], (uint32_t)lane);
+        st_async_peer(slot_x(&cr->slot[b][rank][threadIdx.x / 32]), x, &cr->bar[b], (uint32_t)lane);
 }
 
 /* Wait for cluster reduction par and sum it: lane l sums slots l, l + 32,
@@ -263,6 +279,7 @@ __device__ __forceinline__ void clu_send(ClusterRed<CL, NW> *cr, float x, int ra
  * the same operations in the same order. */
 template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<CL, NW> *cr, int par)
 {
+    constexpr int SW = (int)(sizeof(cr->slot[0][0][0]) / sizeof(float));
     const int b = par % LNORM__CRB;
     const int lane = (int)(threadIdx.x & 31);
     mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
@@ -270,7 +287,7 @@ template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<C
 #pragma unroll
     for (int i = 0; i < (CL * NW + 31) / 32; i++)
         if (i * 32 + lane < CL * NW)
-            v += (&cr->slot[0][0][0].x)[(b * CL * NW + i * 32 + lane) * 4];
+            v += slot_x(&cr->slot[0][0][0])[(b * CL * NW + i * 32 + lane) * SW];
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -327,9 +344,7 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
  * 262144: 2976 / 2703 / 2546 / 2134 GB/s against 2813 / 2467 / 2389 /
  * 2096 with this; f32 faster at H = 16384 - 65536 by 1-6%, slower at
  * 131072 and 262144), so the default is the two-pass. */
-#ifndef LNORM_CUDA_CLU_CHAN
-#define LNORM_CUDA_CLU_CHAN 0
-#endif
+/* (LNORM_CUDA_CLU_CHAN is defined with ClusterRed above.) */
 
 /* Partial statistics: n elements, s = their sum, m = the sum of their
  * squared deviations from s / n. */
