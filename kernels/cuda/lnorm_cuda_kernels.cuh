@@ -214,21 +214,32 @@ __device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *
 }
 
 /* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs). Each
- * reduction n takes buffer b = n % 3: warp w of CTA k stores its partial
- * into slot[b][k][w] of every CTA of the cluster (st_async_peer), counted
- * on that CTA's bar[b]. Three buffers let a CTA send its part of reduction
- * n + 1 before it reads reduction n (k_bulk's pipelined cluster rows): a
- * peer sends n + 3 only after reduction n + 2 is complete, which needs
- * this CTA's part of n + 2, sent after it read n, so a slot is rewritten
- * only once every CTA has read it. Each warp reads the slots lane by lane
- * (lane l: slots l, l + 32, ... of slot[b] taken as one array), consecutive
- * 16-byte slots: the earlier layout, read by lane k < CL as CTA k's warps
- * in turn, had 8- to 16-way bank conflicts in the 512-thread tiers (056e11f
- * on the H200: bf16 RMSNorm H = 262144 at 1857 GB/s that way, 3277 lane by
- * lane). (These declarations and index forms are ones ptxas 13.0 compiles
- * without spills at the 64-register budget of the cluster bulk kernels; a
- * separate float array for sums, or a flat slot array, spilled.) */
-#define LNORM__CRB 3
+ * reduction n takes buffer b = n % LNORM__CRB: warp w of CTA k stores its
+ * partial into slot[b][k][w] of every CTA of the cluster (st_async_peer),
+ * counted on that CTA's bar[b]. When every warp sends reduction n and then
+ * reads it (the default kernels), a peer sends n + 3 only after reduction
+ * n + 2 is complete, which needs every warp of this CTA to have sent n + 2,
+ * which each does after it read n + 1 and so n: a slot is rewritten only
+ * once every CTA has read it, and a barrier receives the bytes of its next
+ * phase only after its current phase completed (two buffers would do;
+ * three are used). With a look-ahead of one reduction (k_bulk's pipelined
+ * cluster rows, LNORM_CUDA_CLU_PIPE: a CTA sends n + 1 before it reads n)
+ * a peer can send n + 3 once n + 1 is complete, which needs only this
+ * CTA's send of n + 1, made before it read n: four buffers are needed
+ * (a send of m then follows this CTA's send of m - 2, made after it read
+ * m - 4; found by a review of the pipelined path). Each warp reads the
+ * slots lane by lane (lane l: slots l, l + 32, ... of slot[b] taken as one
+ * array), consecutive addresses: the earlier layout, read by lane k < CL
+ * as CTA k's warps in turn, had 8- to 16-way bank conflicts in the
+ * 512-thread tiers (056e11f on the H200: bf16 RMSNorm H = 262144 at 1857
+ * GB/s that way, 3277 lane by lane). (These declarations and index forms
+ * are ones ptxas 13.0 compiles without spills at the 64-register budget of
+ * the cluster bulk kernels; a separate float array for sums, or a flat
+ * slot array, spilled.) */
+#ifndef LNORM_CUDA_CLU_PIPE
+#define LNORM_CUDA_CLU_PIPE 0 /* A/B builds: pipelined cluster rows (clu_pipe, below) */
+#endif
+#define LNORM__CRB (LNORM_CUDA_CLU_PIPE ? 4 : 3)
 #ifndef LNORM_CUDA_CLU_CHAN
 #define LNORM_CUDA_CLU_CHAN 0 /* A/B builds: LayerNorm's cluster statistics in one reduction (below) */
 #endif
@@ -298,7 +309,7 @@ template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<C
  * cluster. Deterministic (fixed trees); every thread of the group gets the
  * same value. par counts the reductions of the kernel (uniform over the
  * CTA and the cluster): red is double-buffered by its low bit, the cluster
- * slots take par % 3. In a cluster (one row per CTA, TPR == BLOCK) the
+ * slots take par % LNORM__CRB. In a cluster (one row per CTA, TPR == BLOCK) the
  * warps' partials go straight to every CTA's slots, and each warp waits
  * only for its own CTA's barrier (no CTA or cluster barrier): clu_send,
  * clu_recv. */
@@ -338,7 +349,10 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
  * centred squares. The merge is symmetric to the bit (a - b = -(b - a)),
  * so every lane of a butterfly gets the same value, and bulk and general
  * kernels call the same functions in the same order: a row gives the same
- * bits through either. Measured on the H200 (4da8ac7, same run): with the
+ * bits through either. The merge squares Sa nb - Sb na, a quantity of order n^2 times the
+ * partial sums: an fp32 row with an element near 1e14 overflows it to inf
+ * where the two-pass stays finite (merging the difference of the means,
+ * (Sa / na - Sb / nb)^2 na nb / n, would not; review of session 6). Measured on the H200 (4da8ac7, same run): with the
  * conflict-free slot reads (ClusterRed) and the two-pass kernels free of
  * spills, the two-pass statistics were faster (bf16 LayerNorm H = 32768 -
  * 262144: 2976 / 2703 / 2546 / 2134 GB/s against 2813 / 2467 / 2389 /
@@ -1597,7 +1611,7 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * reduction (RMSNorm, and LayerNorm with LNORM_CUDA_CLU_CHAN), each CTA
  * sends its partial of row k + 1 before it waits for row k's reduction and
  * writes row k, so the round trip of one row overlaps the statistics pass
- * of the next (reduction n in buffer n % 3, ClusterRed). The same functions
+ * of the next (reduction n in buffer n % 4, ClusterRed). The same functions
  * in the same order as fast_row / k_reg (warp_stat or the masked sum of
  * squares, the cluster merge, fast_out): the same bits (test_gpu and the
  * A/B columns checked it). Rows are staged as in k_bulk (SMR: read from
@@ -1608,9 +1622,10 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * 32768 / 65536, f32 RMSNorm 5-10% slower at H = 16384 - 131072, LayerNorm
  * (with CLU_CHAN) 10-31% slower except f32 H = 262144 (+10%); the
  * pipelined kernels spill 16-80 bytes at the 64-register budget. Off. */
-#ifndef LNORM_CUDA_CLU_PIPE
-#define LNORM_CUDA_CLU_PIPE 0
-#endif
+/* (LNORM_CUDA_CLU_PIPE is defined with ClusterRed above; with it the
+ * reductions take four buffers.) Needs stages >= 2 (launch_bulk plans at
+ * least two): start(k + 1) waits for a copy issued at the start or by
+ * finish(k - 1). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, bool GC>
 __device__ __forceinline__ void clu_pipe(const lnorm__kparams &p, int stages, unsigned char *stage_mem,
                                          int64_t stage_bytes, uint64_t *bar, ClusterRed<CL, TPR / 32> *cr, int rank,
