@@ -148,35 +148,19 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b)
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
 }
 
-/* Wait until the phase with this parity has completed (polling).
- * LNORM_CUDA_MBAR_HINT > 0 (A/B builds) adds a suspend-time hint in ns: the
- * warp sleeps on the barrier (NANOSLEEP.SYNCS) instead of polling. Nsight
- * Compute on bf16 LayerNorm at H = 131072 (056e11f, H200) counted 11.7 M
- * polls of the cluster reduction's wait, 19% of the kernel's executed
- * instructions; with a 10 ms hint every benchmark row moved by -1..+1%
- * (6ece460, same run): the wait's latency is the cost, not the polls. */
-#ifndef LNORM_CUDA_MBAR_HINT
-#define LNORM_CUDA_MBAR_HINT 0
-#endif
+/* Wait until the phase with this parity has completed (polling). (A
+ * suspend-time hint, NANOSLEEP.SYNCS instead of polling, measured within
+ * -1..+1% on every benchmark row: 6ece460, session 6; removed.) */
 __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity)
 {
     uint32_t done = 0;
     do {
-#if LNORM_CUDA_MBAR_HINT > 0
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(smem_addr(b)), "r"(parity), "r"((uint32_t)LNORM_CUDA_MBAR_HINT)
-                     : "memory");
-#else
         asm volatile("{\n\t.reg .pred p;\n\t"
                      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
                      "selp.u32 %0, 1, 0, p;\n\t}"
                      : "=r"(done)
                      : "r"(smem_addr(b)), "r"(parity)
                      : "memory");
-#endif
     } while (!done);
 }
 
@@ -201,65 +185,30 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
                  : "memory");
 }
 
-/* st_async_peer for 16 bytes (four floats) at a 16-byte aligned *dst. */
-__device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *bar, uint32_t peer)
-{
-    uint32_t rd, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                     rd),
-                 "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
-                 : "memory");
-}
-
 /* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs). Each
  * reduction n takes buffer b = n % LNORM__CRB: warp w of CTA k stores its
  * partial into slot[b][k][w] of every CTA of the cluster (st_async_peer),
- * counted on that CTA's bar[b]. When every warp sends reduction n and then
- * reads it (the default kernels), a peer sends n + 3 only after reduction
- * n + 2 is complete, which needs every warp of this CTA to have sent n + 2,
- * which each does after it read n + 1 and so n: a slot is rewritten only
- * once every CTA has read it, and a barrier receives the bytes of its next
- * phase only after its current phase completed (two buffers would do;
- * three are used). With a look-ahead of one reduction (k_bulk's pipelined
- * cluster rows, LNORM_CUDA_CLU_PIPE: a CTA sends n + 1 before it reads n)
- * a peer can send n + 3 once n + 1 is complete, which needs only this
- * CTA's send of n + 1, made before it read n: four buffers are needed
- * (a send of m then follows this CTA's send of m - 2, made after it read
- * m - 4; found by a review of the pipelined path). Each warp reads the
- * slots lane by lane (lane l: slots l, l + 32, ... of slot[b] taken as one
- * array), consecutive addresses: the earlier layout, read by lane k < CL
- * as CTA k's warps in turn, had 8- to 16-way bank conflicts in the
+ * counted on that CTA's bar[b]. Every warp sends reduction n and then
+ * reads it, so a peer sends n + 3 only after reduction n + 2 is complete,
+ * which needs every warp of this CTA to have sent n + 2, which each does
+ * after it read n + 1 and so n: a slot is rewritten only once every CTA
+ * has read it, and a barrier receives the bytes of its next phase only
+ * after its current phase completed (two buffers would do; three are the
+ * measured build). (A pipelined variant that sent n + 1 before reading n,
+ * measured slower in session 6 and removed, needed four.) Each warp reads
+ * the slots lane by lane (lane l: slots l, l + 32, ... of slot[b] taken as
+ * one array), consecutive addresses: the earlier layout, read by lane
+ * k < CL as CTA k's warps in turn, had 8- to 16-way bank conflicts in the
  * 512-thread tiers (056e11f on the H200: bf16 RMSNorm H = 262144 at 1857
  * GB/s that way, 3277 lane by lane). (These declarations and index forms
  * are ones ptxas 13.0 compiles without spills at the 64-register budget of
- * the cluster bulk kernels; a separate float array for sums, or a flat
+ * the cluster bulk kernels; a separate array per buffer layout, or a flat
  * slot array, spilled.) */
-#ifndef LNORM_CUDA_CLU_PIPE
-#define LNORM_CUDA_CLU_PIPE 0 /* A/B builds: pipelined cluster rows (clu_pipe, below) */
-#endif
-#define LNORM__CRB (LNORM_CUDA_CLU_PIPE ? 4 : 3)
-#ifndef LNORM_CUDA_CLU_CHAN
-#define LNORM_CUDA_CLU_CHAN 0 /* A/B builds: LayerNorm's cluster statistics in one reduction (below) */
-#endif
+#define LNORM__CRB 3
 template <int CL, int NW> struct ClusterRed {
     uint64_t bar[LNORM__CRB];
-#if LNORM_CUDA_CLU_CHAN
-    float4 slot[LNORM__CRB][CL][NW]; /* a sum: .x (4 bytes sent); partial statistics: .x-.z (16) */
-#else
-    float slot[LNORM__CRB][CL][NW]; /* sums only: 4-byte slots (16-byte ones: f32 H = 262144 6% slower) */
-#endif
+    float slot[LNORM__CRB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
 };
-/* The float a sum is stored in, and the slot's size in floats. */
-__device__ __forceinline__ float *slot_x(float *p)
-{
-    return p;
-}
-__device__ __forceinline__ float *slot_x(float4 *p)
-{
-    return &p->x;
-}
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
  * the cluster (no CTA may store into a peer's barrier before its init). */
@@ -282,7 +231,7 @@ __device__ __forceinline__ void clu_send(ClusterRed<CL, NW> *cr, float x, int ra
     if (threadIdx.x == 0)
         mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
     if (lane < CL)
-        st_async_peer(slot_x(&cr->slot[b][rank][threadIdx.x / 32]), x, &cr->bar[b], (uint32_t)lane);
+        st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
 }
 
 /* Wait for cluster reduction par and sum it: lane l sums slots l, l + 32,
@@ -290,7 +239,6 @@ __device__ __forceinline__ void clu_send(ClusterRed<CL, NW> *cr, float x, int ra
  * the same operations in the same order. */
 template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<CL, NW> *cr, int par)
 {
-    constexpr int SW = (int)(sizeof(cr->slot[0][0][0]) / sizeof(float));
     const int b = par % LNORM__CRB;
     const int lane = (int)(threadIdx.x & 31);
     mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
@@ -298,7 +246,7 @@ template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<C
 #pragma unroll
     for (int i = 0; i < (CL * NW + 31) / 32; i++)
         if (i * 32 + lane < CL * NW)
-            v += slot_x(&cr->slot[0][0][0])[(b * CL * NW + i * 32 + lane) * SW];
+            v += (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane];
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -338,101 +286,6 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
     return x;
 }
 
-/* LayerNorm statistics of a cluster row in one reduction
- * (LNORM_CUDA_CLU_CHAN; A/B builds, off by default). Each warp reduces its
- * 32 threads' elements of the row two-pass (shuffle sums: the sum of h - K,
- * then the centred sum of squares about the warp's own mean; warp_stat),
- * and the warps' partials are merged pairwise by the update of Chan, Golub
- * and LeVeque: n = na + nb, S = Sa + Sb, M = Ma + Mb + (Sa nb - Sb na)^2 /
- * (na nb n) (group_stat). One cluster reduction of three values replaces a
- * reduction of the sum followed by a second pass and a reduction of the
- * centred squares. The merge is symmetric to the bit (a - b = -(b - a)),
- * so every lane of a butterfly gets the same value, and bulk and general
- * kernels call the same functions in the same order: a row gives the same
- * bits through either. The merge squares Sa nb - Sb na, a quantity of order n^2 times the
- * partial sums: an fp32 row with an element near 1e14 overflows it to inf
- * where the two-pass stays finite (merging the difference of the means,
- * (Sa / na - Sb / nb)^2 na nb / n, would not; review of session 6). Measured on the H200 (4da8ac7, same run): with the
- * conflict-free slot reads (ClusterRed) and the two-pass kernels free of
- * spills, the two-pass statistics were faster (bf16 LayerNorm H = 32768 -
- * 262144: 2976 / 2703 / 2546 / 2134 GB/s against 2813 / 2467 / 2389 /
- * 2096 with this; f32 faster at H = 16384 - 65536 by 1-6%, slower at
- * 131072 and 262144), so the default is the two-pass. */
-/* (LNORM_CUDA_CLU_CHAN is defined with ClusterRed above.) */
-
-/* Partial statistics: n elements, s = their sum, m = the sum of their
- * squared deviations from s / n. */
-struct Stat {
-    float s, m, n;
-};
-
-__device__ __forceinline__ Stat stat_merge(const Stat &a, const Stat &b)
-{
-    Stat r;
-    r.s = __fadd_rn(a.s, b.s);
-    r.n = __fadd_rn(a.n, b.n);
-    const float dlt = __fsub_rn(__fmul_rn(a.s, b.n), __fmul_rn(b.s, a.n));
-    const float q = __fmul_rn(__fmul_rn(a.n, b.n), r.n);
-    const float m = __fadd_rn(a.m, b.m);
-    r.m = q > 0.0f ? __fadd_rn(m, __fdiv_rn(__fmul_rn(dlt, dlt), q)) : m;
-    return r;
-}
-
-/* Send this warp's partial statistics v (every lane holds them) as its
- * part of cluster reduction par (16-byte st.async). */
-template <int CL, int NW>
-__device__ __forceinline__ void clu_send_stat(ClusterRed<CL, NW> *cr, const Stat &v, int rank, int par)
-{
-    const int b = par % LNORM__CRB;
-    const int lane = (int)(threadIdx.x & 31);
-    if (threadIdx.x == 0)
-        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float4)));
-    if (lane < CL)
-        st_async_peer4(&cr->slot[b][rank][threadIdx.x / 32], make_float4(v.s, v.m, v.n, 0.0f), &cr->bar[b],
-                       (uint32_t)lane);
-}
-
-/* Wait for cluster reduction par and merge the partial statistics of the
- * warps of the CL CTAs: as clu_recv, lane l merges slots l, l + 32, ... in
- * turn and a butterfly merges the lanes. Every thread of the cluster gets
- * the same value. */
-template <int CL, int NW> __device__ __forceinline__ Stat clu_recv_stat(ClusterRed<CL, NW> *cr, int par)
-{
-    constexpr int NS = CL * NW;
-    const int b = par % LNORM__CRB;
-    const int lane = (int)(threadIdx.x & 31);
-    mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-    Stat a = {0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < (NS + 31) / 32; i++) {
-        if (i * 32 + lane < NS) {
-            const float4 q = (&cr->slot[0][0][0])[b * NS + i * 32 + lane];
-            const Stat w = {q.x, q.y, q.z};
-            a = i == 0 ? w : stat_merge(a, w);
-        }
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) {
-        Stat o;
-        o.s = __shfl_xor_sync(0xffffffffu, a.s, m);
-        o.m = __shfl_xor_sync(0xffffffffu, a.m, m);
-        o.n = __shfl_xor_sync(0xffffffffu, a.n, m);
-        a = stat_merge(a, o);
-    }
-    return a;
-}
-
-/* The partial statistics of the CL CTAs of a cluster merged (one row per
- * CTA; v: this warp's): clu_send_stat, clu_recv_stat. par: as group_sum. */
-template <int BLOCK, int CL>
-__device__ __forceinline__ Stat group_stat(const Stat &v, void *crv, int rank, int par)
-{
-    static_assert(CL > 1, "cluster tiers only");
-    ClusterRed<CL, BLOCK / 32> *cr = static_cast<ClusterRed<CL, BLOCK / 32> *>(crv);
-    clu_send_stat(cr, v, rank, par);
-    return clu_recv_stat(cr, par);
-}
-
 /* The 16 bytes of one x chunk, as raw bits or as VEC elements. */
 template <typename TX> union Raw {
     uint4 u;
@@ -458,70 +311,6 @@ template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16
     for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
         r.e[k] = from_f<TX>(f[k]);
     return r.u;
-}
-
-/* The partial statistics of h - K over the chunks of this warp's 32
- * threads (column mapping of the file header), two-pass: the warp's sum
- * (masked columns left out, n counts the columns < H), then the centred
- * sum of squares about the warp's own mean. Every lane gets the same
- * value. get(j, f) reads chunk j as fp32 (from registers or shared
- * memory); the second pass reads the chunks again (a compiler barrier
- * between the passes keeps the compiler from holding the whole row as
- * fp32, which spilled the 64-register cluster kernels). */
-template <typename TX, int NCH, int TPR, typename G>
-__device__ __forceinline__ Stat warp_stat(G &&get, int rank, int t, int H, float K)
-{
-    constexpr int VEC = (int)(16 / sizeof(TX));
-    float s = 0.0f;
-    int n = 0;
-#pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-        float f[VEC];
-        get(j, f);
-        if (c0 + VEC <= H) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                s += f[k] - K;
-            n += VEC;
-        } else if (c0 < H) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                s += (c0 + k < H) ? f[k] - K : 0.0f;
-            n += H - c0;
-        }
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) {
-        s += __shfl_xor_sync(0xffffffffu, s, m);
-        n += __shfl_xor_sync(0xffffffffu, n, m);
-    }
-    const float mu = n > 0 ? __fdiv_rn(s, (float)n) : 0.0f;
-    asm volatile("" ::: "memory");
-    float q = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-        float f[VEC];
-        get(j, f);
-        if (c0 + VEC <= H) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = (f[k] - K) - mu;
-                q = __fmaf_rn(e, e, q);
-            }
-        } else if (c0 < H) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = (c0 + k < H) ? (f[k] - K) - mu : 0.0f;
-                q = __fmaf_rn(e, e, q);
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        q += __shfl_xor_sync(0xffffffffu, q, m);
-    return Stat{s, q, (float)n};
 }
 
 /* Loads of x with the evict-first (streaming, .cs) hint: 0 (default) plain
@@ -817,25 +606,11 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         const float K = cur.K;
         const bool rms = s->op == LNORM_OP_RMSNORM;
         float d = 0.0f;
-        float sq = 0.0f;
-        /* Cluster tiers: LayerNorm's statistics in one reduction (Chan
-         * merge, LNORM_CUDA_CLU_CHAN), as k_bulk. */
-        constexpr bool CHAN = CL > 1 && LNORM_CUDA_CLU_CHAN;
-        const bool chan = CHAN && !rms;
-        if constexpr (CHAN) {
-            if (chan) {
-                auto get = [&](int j, float (&f)[VEC]) { unpack<TX>(raw[j], f); };
-                const Stat a = group_stat<BLOCK, CL>(warp_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
-                par++;
-                d = a.s / (float)H;
-                sq = a.m;
-            }
-        }
         /* With one row per CTA the op is uniform and RMSNorm skips the sum;
          * with several rows per CTA every group reduces (shuffles are
          * warp-wide), and RMSNorm ignores the result. Masked columns
          * contribute 0; full chunks skip the mask. */
-        if (!chan && (RPC > 1 || !rms)) {
+        if (RPC > 1 || !rms) {
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
@@ -857,29 +632,28 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
             if (!rms)
                 d = sum / (float)H;
         }
-        if (!chan) {
+        float sq = 0.0f;
 #pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                float f[VEC];
-                unpack<TX>(raw[j], f);
-                if (c0 + VEC <= H) {
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            float f[VEC];
+            unpack<TX>(raw[j], f);
+            if (c0 + VEC <= H) {
 #pragma unroll
-                    for (int k = 0; k < VEC; k++) {
-                        const float e = (f[k] - K) - d;
-                        sq = __fmaf_rn(e, e, sq);
-                    }
-                } else {
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (f[k] - K) - d;
+                    sq = __fmaf_rn(e, e, sq);
+                }
+            } else {
 #pragma unroll
-                    for (int k = 0; k < VEC; k++) {
-                        const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
-                        sq = __fmaf_rn(e, e, sq);
-                    }
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
+                    sq = __fmaf_rn(e, e, sq);
                 }
             }
-            sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
-            par++;
         }
+        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+        par++;
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
         if (cur.active && t == 0 && rank == 0) {
             if (s->mean)
@@ -1347,10 +1121,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++)
             unpack<TX>(raw[j], fv[j]);
     }
-    /* Cluster tiers: LayerNorm's statistics in one reduction (Chan merge,
-     * as k_reg's cluster tiers). */
-    constexpr bool CHAN = CL > 1 && !RMS && LNORM_CUDA_CLU_CHAN;
-    constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE && !CHAN;
+    constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
         if constexpr (RMS)
@@ -1373,19 +1144,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
     };
     float d = 0.0f;
-    float sq = 0.0f;
-    if constexpr (CHAN) {
-        auto get = [&](int j, float (&f)[VEC]) {
-            if constexpr (SMR)
-                unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
-            else
-                unpack<TX>(raw[j], f);
-        };
-        const Stat a = group_stat<BLOCK, CL>(warp_stat<TX, NCH, TPR>(get, rank, t, H, K), cred, rank, par);
-        par++;
-        d = H > 0 ? a.s / (float)H : 0.0f;
-        sq = a.m;
-    } else if constexpr (!RMS) {
+    if constexpr (!RMS) {
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
@@ -1415,29 +1174,28 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         par++;
         d = H > 0 ? sum / (float)H : 0.0f;
     }
-    if constexpr (!CHAN) {
+    float sq = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            float f[VEC];
-            chunk(j, f);
-            if (AL ? c0 < H : c0 + VEC <= H) {
+    for (int j = 0; j < NCH; j++) {
+        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+        float f[VEC];
+        chunk(j, f);
+        if (AL ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = cen(f, k, d);
-                    sq = __fmaf_rn(e, e, sq);
-                }
-            } else if (!AL) {
+            for (int k = 0; k < VEC; k++) {
+                const float e = cen(f, k, d);
+                sq = __fmaf_rn(e, e, sq);
+            }
+        } else if (!AL) {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (c0 + k < H) ? cen(f, k, d) : 0.0f;
-                    sq = __fmaf_rn(e, e, sq);
-                }
+            for (int k = 0; k < VEC; k++) {
+                const float e = (c0 + k < H) ? cen(f, k, d) : 0.0f;
+                sq = __fmaf_rn(e, e, sq);
             }
         }
-        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
-        par++;
     }
+    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+    par++;
     if (!active)
         return; /* nothing below synchronizes */
     fast_out<TX, TP, RMS, TPR, NCH, GC, AL>(chunk, cen, s, r, H, K, d, sq, rank, t, gcache, bcache, cs);
@@ -1603,138 +1361,6 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
         mbar_arrive(bar);
 }
 
-/* Pipelined cluster rows (LNORM_CUDA_CLU_PIPE; A/B builds, off by
- * default): in the cluster tiers a row's reduction is a round trip through
- * every CTA of the cluster, and with one row at a time every warp waits for
- * it (Nsight Compute on bf16 LayerNorm, H = 131072, 056e11f: the wait on
- * the reduction was the largest single stall). Where a row has one
- * reduction (RMSNorm, and LayerNorm with LNORM_CUDA_CLU_CHAN), each CTA
- * sends its partial of row k + 1 before it waits for row k's reduction and
- * writes row k, so the round trip of one row overlaps the statistics pass
- * of the next (reduction n in buffer n % 4, ClusterRed). The same functions
- * in the same order as fast_row / k_reg (warp_stat or the masked sum of
- * squares, the cluster merge, fast_out): the same bits (test_gpu and the
- * A/B columns checked it). Rows are staged as in k_bulk (SMR: read from
- * their stage in every pass); stage k % stages holds the k-th row of this
- * cluster and is refilled once that row is written, so one stage fewer is
- * in flight. Measured on the H200 (4da8ac7, same run, against the same
- * build without it): bf16 RMSNorm +2-3% at H = 131072 / 262144, -1-2% at
- * 32768 / 65536, f32 RMSNorm 5-10% slower at H = 16384 - 131072, LayerNorm
- * (with CLU_CHAN) 10-31% slower except f32 H = 262144 (+10%); the
- * pipelined kernels spill 16-80 bytes at the 64-register budget. Off. */
-/* (LNORM_CUDA_CLU_PIPE is defined with ClusterRed above; with it the
- * reductions take four buffers.) Needs stages >= 2 (launch_bulk plans at
- * least two): start(k + 1) waits for a copy issued at the start or by
- * finish(k - 1). */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, bool GC>
-__device__ __forceinline__ void clu_pipe(const lnorm__kparams &p, int stages, unsigned char *stage_mem,
-                                         int64_t stage_bytes, uint64_t *bar, ClusterRed<CL, TPR / 32> *cr, int rank,
-                                         int t, int64_t cid, int64_t ncl, int64_t ntiles, int64_t rs,
-                                         uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
-                                         const lnorm__kseg *&cs)
-{
-    constexpr int VEC = (int)(16 / sizeof(TX));
-    struct Row {
-        const lnorm__kseg *s;
-        int64_t r;
-        int H;
-        float K;
-    };
-    const bool multi = p.table != nullptr;
-    /* The k-th row of this cluster (one row a tile; every tile < ntiles
-     * has a row), its stage waited for, its partial sent (reduction k). */
-    auto start = [&](int64_t k) -> Row {
-        Row w;
-        const int64_t row = cid + k * ncl;
-        w.s = multi ? find_seg(p, row) : &p.one;
-        w.r = row - w.s->row_begin;
-        w.H = (int)w.s->hidden;
-        TX x0 = TX(0.0f);
-        if constexpr (!RMS)
-            x0 = ((const TX *)w.s->x + w.r * w.s->x_stride)[0]; /* overlaps the wait */
-        mbar_wait(&bar[k % stages], (uint32_t)((k / stages) & 1));
-        w.K = RMS ? 0.0f : shift_of<TX>(x0);
-        const unsigned char *src = stage_mem + (k % stages) * stage_bytes;
-        const int H = w.H;
-        if constexpr (RMS) {
-            float sq = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                float f[VEC];
-                unpack<TX>(*reinterpret_cast<const uint4 *>(src + (j * TPR + t) * 16), f);
-                if (c0 + VEC <= H) {
-#pragma unroll
-                    for (int e = 0; e < VEC; e++)
-                        sq = __fmaf_rn(f[e], f[e], sq);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float v = (c0 + e < H) ? f[e] : 0.0f;
-                        sq = __fmaf_rn(v, v, sq);
-                    }
-                }
-            }
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1)
-                sq += __shfl_xor_sync(0xffffffffu, sq, m);
-            clu_send(cr, sq, rank, (int)k);
-        } else {
-            auto get = [&](int j, float (&f)[VEC]) {
-                unpack<TX>(*reinterpret_cast<const uint4 *>(src + (j * TPR + t) * 16), f);
-            };
-            clu_send_stat(cr, warp_stat<TX, NCH, TPR>(get, rank, t, H, w.K), rank, (int)k);
-        }
-        return w;
-    };
-    /* Row k's reduction, its output pass, then its stage's refill. */
-    auto finish = [&](const Row &w, int64_t k) {
-        float d = 0.0f, sq;
-        if constexpr (RMS) {
-            sq = clu_recv(cr, (int)k);
-        } else {
-            const Stat a = clu_recv_stat(cr, (int)k);
-            d = a.s / (float)w.H;
-            sq = a.m;
-        }
-        const unsigned char *src = stage_mem + (k % stages) * stage_bytes;
-        auto chunk = [&](int j, float (&f)[VEC]) {
-            unpack<TX>(*reinterpret_cast<const uint4 *>(src + (j * TPR + t) * 16), f);
-        };
-        const float K = w.K;
-        auto cen = [&](const float (&f)[VEC], int e, float dd) -> float {
-            if constexpr (RMS)
-                return f[e];
-            else
-                return (f[e] - K) - dd;
-        };
-        fast_out<TX, TP, RMS, TPR, NCH, GC, false>(chunk, cen, w.s, w.r, w.H, K, d, sq, rank, t, gcache, bcache,
-                                                  cs);
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            const int64_t nt = cid + (k + stages) * ncl;
-            if (nt < ntiles) {
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                bulk_issue<TX, TPR, NCH, CL, 1>(p, nt, rank, stage_mem + (k % stages) * stage_bytes, rs,
-                                                &bar[k % stages]);
-            }
-        }
-    };
-    if (cid >= ntiles)
-        return;
-    Row cur = start(0);
-    for (int64_t k = 0;; k++) {
-        const bool more = cid + (k + 1) * ncl < ntiles; /* uniform over the cluster */
-        Row nxt = cur;
-        if (more)
-            nxt = start(k + 1);
-        finish(cur, k);
-        if (!more)
-            break;
-        cur = nxt;
-    }
-}
-
 /* CTA size and register budget of a bulk kernel: the bytes in flight come
  * from the stages, not from registers, so a thread may use more registers
  * than in k_fast (no spills): up to 128 a thread, and at least two
@@ -1773,8 +1399,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     constexpr bool SMR = CL > 1 && LNORM_CUDA_CLU_SMEM;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
-    /* PIPE: rows with one reduction each go through clu_pipe. */
-    constexpr bool PIPE = SMR && LNORM_CUDA_CLU_PIPE && (RMS || LNORM_CUDA_CLU_CHAN);
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
@@ -1808,12 +1432,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     int par = 0;
     uint4 gcache[NGC], bcache[NGC];
     const lnorm__kseg *cs = nullptr;
-    if constexpr (PIPE) {
-        clu_pipe<TX, TP, RMS, TPR, NCH, CL, GC>(p, stages, stage_mem, stage_bytes, bar, &cr, rank, t, cid, ncl, ntiles,
-                                                 rs, gcache, bcache, cs);
-        cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
-        return;
-    }
     int st = 0;
     uint32_t phase = 0;
     for (int64_t k = 0;; k++) {
