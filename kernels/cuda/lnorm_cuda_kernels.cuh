@@ -221,46 +221,15 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
     }
 }
 
-/* Send this warp's total x (every lane holds it) as its part of cluster
- * reduction par. */
-template <int CL, int NW>
-__device__ __forceinline__ void clu_send(ClusterRed<CL, NW> *cr, float x, int rank, int par)
-{
-    const int b = par % LNORM__CRB;
-    const int lane = (int)(threadIdx.x & 31);
-    if (threadIdx.x == 0)
-        mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
-    if (lane < CL)
-        st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
-}
-
-/* Wait for cluster reduction par and sum it: lane l sums slots l, l + 32,
- * ..., then a shuffle tree sums the lanes; every warp of the cluster does
- * the same operations in the same order. */
-template <int CL, int NW> __device__ __forceinline__ float clu_recv(ClusterRed<CL, NW> *cr, int par)
-{
-    const int b = par % LNORM__CRB;
-    const int lane = (int)(threadIdx.x & 31);
-    mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-    float v = 0.0f;
-#pragma unroll
-    for (int i = 0; i < (CL * NW + 31) / 32; i++)
-        if (i * 32 + lane < CL * NW)
-            v += (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane];
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
-
 /* Sum over the TPR threads of a row group, then over the CL CTAs of a
  * cluster. Deterministic (fixed trees); every thread of the group gets the
  * same value. par counts the reductions of the kernel (uniform over the
  * CTA and the cluster): red is double-buffered by its low bit, the cluster
  * slots take par % LNORM__CRB. In a cluster (one row per CTA, TPR == BLOCK) the
  * warps' partials go straight to every CTA's slots, and each warp waits
- * only for its own CTA's barrier (no CTA or cluster barrier): clu_send,
- * clu_recv. */
+ * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
+ * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
+ * every warp of the cluster does the same operations in the same order. */
 template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
@@ -269,9 +238,24 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         x += __shfl_xor_sync(0xffffffffu, x, m);
     if constexpr (CL > 1) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
-        ClusterRed<CL, BLOCK / 32> *cr = static_cast<ClusterRed<CL, BLOCK / 32> *>(crv);
-        clu_send(cr, x, rank, par);
-        x = clu_recv(cr, par);
+        constexpr int NW = BLOCK / 32;
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
+        const int b = par % LNORM__CRB;
+        const int lane = (int)(threadIdx.x & 31);
+        if (threadIdx.x == 0)
+            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
+        if (lane < CL)
+            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
+        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < (CL * NW + 31) / 32; i++)
+            if (i * 32 + lane < CL * NW)
+                v += (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane];
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, m);
+        x = v;
     } else if constexpr (TPR > 32) {
         constexpr int WPG = TPR / 32;
         if ((threadIdx.x & 31) == 0)
@@ -1004,95 +988,6 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
-/* The output pass of a row (fast_row, and k_bulk's pipelined cluster rows):
- * rstd from sq (the sum of squares, centred for LayerNorm), mean/rstd,
- * y = ((h - K) - d) * rstd * gamma + beta. chunk(j, f) reads this thread's
- * chunk j as fp32, cen(f, k, d) gives the centred element. */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool GC, bool AL, typename CH, typename CE>
-__device__ __forceinline__ void fast_out(CH &&chunk, CE &&cen, const lnorm__kseg *s, int64_t r, int H, float K,
-                                         float d, float sq, int rank, int t, uint4 (&gcache)[GC ? NCH : 1],
-                                         uint4 (&bcache)[GC ? NCH : 1], const lnorm__kseg *&cs)
-{
-    constexpr int VEC = (int)(16 / sizeof(TX));
-    /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
-     * gamma/beta with plain loads, one chunk at a time behind a compiler
-     * barrier, as measured at ef6a1bd (H200, 2026-11-30 00:55): read-only
-     * loads without the barrier let the compiler hoist them, and bf16
-     * RMSNorm in the bulk cluster kernels spilled more and ran 15-17% slower
-     * (e2e430e, 02:39). 4-chunk tiers: read-only loads, no barrier (k_fast's
-     * measured form). */
-    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
-    const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
-    if (t == 0 && rank == 0) {
-        if (s->mean)
-            s->mean[r] = K + d;
-        if (s->rstd)
-            s->rstd[r] = rstd;
-    }
-    const TP *gp = (const TP *)s->gamma;
-    const TP *bp = (const TP *)s->beta;
-    const bool gal = ((uintptr_t)gp & 15) == 0;
-    const bool bal = ((uintptr_t)bp & 15) == 0;
-    if constexpr (GC) {
-        if (s != cs) {
-            cs = s;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
-                bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
-            }
-        }
-    }
-    TX *yr = (TX *)s->y + r * s->y_stride;
-    const bool yal = ((uintptr_t)yr & 15) == 0;
-    /* The output pass; g_ / b_: gamma / beta, or a null constant where the
-     * caller knows the parameter is absent (so its fills fold away). */
-    auto emit = [&](const TP *g_, const TP *b_) {
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            if (c0 >= H)
-                continue;
-            float f[VEC], g[VEC], b[VEC];
-            chunk(j, f);
-            if constexpr (GC) {
-                unpack<TP>(gcache[j], g);
-                unpack<TP>(bcache[j], b);
-            } else if constexpr (AL) {
-                load_param_full<TP, VEC>(g_, c0, 1.0f, g);
-                load_param_full<TP, VEC>(b_, c0, -0.0f, b);
-            } else {
-                load_param<TP, VEC, NC4>(g_, c0, H, gal, 1.0f, g);
-                load_param<TP, VEC, NC4>(b_, c0, H, bal, -0.0f, b);
-            }
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float n = __fmul_rn(cen(f, k, d), rstd);
-                f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
-            }
-            if constexpr (AL)
-                store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
-            else
-                store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
-#if LNORM_CUDA_EMIT_BARRIER
-            if constexpr (!NC4)
-                asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
-#endif
-        }
-    };
-    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
-        if (gp != nullptr && bp != nullptr)
-            emit(gp, bp);
-        else if (gp != nullptr)
-            emit(gp, nullptr);
-        else
-            emit(nullptr, bp);
-    } else {
-        emit(gp, bp);
-    }
-}
-
 /* The fast path's arithmetic for one row, shared by k_fast (rows loaded
  * from global memory) and k_bulk (rows staged in shared memory), so a row
  * gives the same bits through either: raw holds the row's chunks of this
@@ -1110,6 +1005,14 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                                          const lnorm__kseg *&cs, const unsigned char *srow = nullptr)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
+    /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
+     * gamma/beta with plain loads, one chunk at a time behind a compiler
+     * barrier, as measured at ef6a1bd (H200, 2026-11-30 00:55): read-only
+     * loads without the barrier let the compiler hoist them, and bf16
+     * RMSNorm in the bulk cluster kernels spilled more and ran 15-17% slower
+     * (e2e430e, 02:39). 4-chunk tiers: read-only loads, no barrier (k_fast's
+     * measured form). */
+    constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
     /* F32REG: the row's chunks converted to fp32 once, kept in registers
      * for the three passes (the bulk kernels, where registers are not
      * what holds bytes in flight; the conversions were a measurable part
@@ -1198,7 +1101,75 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     par++;
     if (!active)
         return; /* nothing below synchronizes */
-    fast_out<TX, TP, RMS, TPR, NCH, GC, AL>(chunk, cen, s, r, H, K, d, sq, rank, t, gcache, bcache, cs);
+    const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+    if (t == 0 && rank == 0) {
+        if (s->mean)
+            s->mean[r] = K + d;
+        if (s->rstd)
+            s->rstd[r] = rstd;
+    }
+    const TP *gp = (const TP *)s->gamma;
+    const TP *bp = (const TP *)s->beta;
+    const bool gal = ((uintptr_t)gp & 15) == 0;
+    const bool bal = ((uintptr_t)bp & 15) == 0;
+    if constexpr (GC) {
+        if (s != cs) {
+            cs = s;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                gcache[j] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
+                bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
+            }
+        }
+    }
+    TX *yr = (TX *)s->y + r * s->y_stride;
+    const bool yal = ((uintptr_t)yr & 15) == 0;
+    /* The output pass; g_ / b_: gamma / beta, or a null constant where the
+     * caller knows the parameter is absent (so its fills fold away). */
+    auto emit = [&](const TP *g_, const TP *b_) {
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            if (c0 >= H)
+                continue;
+            float f[VEC], g[VEC], b[VEC];
+            chunk(j, f);
+            if constexpr (GC) {
+                unpack<TP>(gcache[j], g);
+                unpack<TP>(bcache[j], b);
+            } else if constexpr (AL) {
+                load_param_full<TP, VEC>(g_, c0, 1.0f, g);
+                load_param_full<TP, VEC>(b_, c0, -0.0f, b);
+            } else {
+                load_param<TP, VEC, NC4>(g_, c0, H, gal, 1.0f, g);
+                load_param<TP, VEC, NC4>(b_, c0, H, bal, -0.0f, b);
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float n = __fmul_rn(cen(f, k, d), rstd);
+                f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
+            }
+            if constexpr (AL)
+                store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
+            else
+                store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
+#if LNORM_CUDA_EMIT_BARRIER
+            if constexpr (!NC4)
+                asm volatile("" ::: "memory"); /* one chunk's parameters at a time */
+#endif
+        }
+    };
+    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
+        if (gp != nullptr && bp != nullptr)
+            emit(gp, bp);
+        else if (gp != nullptr)
+            emit(gp, nullptr);
+        else
+            emit(nullptr, bp);
+    } else {
+        emit(gp, bp);
+    }
 }
 
 /* The LayerNorm shift of a row from its first element (0 if not finite). */

@@ -307,8 +307,6 @@ static void sweep(lnorm_rng *g, int quick)
             for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
                 for (int xi = 0; xi < 3; xi++)
                     for (int res = 0; res < 2; res++) {
-                        if (quick && (xi != 2 || hi % 3))
-                            continue;
                         lnorm_test_case_cfg c = {0};
                         c.op = op;
                         c.x_dtype = dts[xi];
@@ -322,29 +320,18 @@ static void sweep(lnorm_rng *g, int quick)
                         c.hidden = list[hi];
                         c.rows = c.hidden > 300000 ? 1 : c.hidden > 4096 ? 2 : 7;
                         c.pad = res ? 5 : 0;
-                        run_case(&c, g, res == 0 && op == LNORM_OP_LAYERNORM);
+                        if (!(quick && (xi != 2 || hi % 3)))
+                            run_case(&c, g, res == 0 && op == LNORM_OP_LAYERNORM);
+                        /* f32 LayerNorm again with |mean| >> spread (x ~ 1000 +
+                         * N(0, 1)): the shift K must keep the sums small in
+                         * every kernel (without it a plain fp32 sum failed the
+                         * float64 checks in the first device run). */
+                        if (op == LNORM_OP_LAYERNORM && xi == 0 && res == 0 && !(quick && hi % 3)) {
+                            c.x_mean = 1000.0;
+                            c.x_spread = 1.0;
+                            run_case(&c, g, 1);
+                        }
                     }
-    }
-    /* LayerNorm with |mean| >> spread (f32 x ~ 1000 + N(0, 1)) in every tier:
-     * the shift K must keep the sums small in every kernel (without it a
-     * plain fp32 sum failed the float64 checks in the first device run). */
-    for (int part = 0; part < 2; part++) {
-        const int64_t *list = part ? big_h : tier_h;
-        size_t n = part ? sizeof big_h / sizeof *big_h : sizeof tier_h / sizeof *tier_h;
-        for (size_t hi = 0; hi < n; hi++) {
-            if (quick && hi % 3)
-                continue;
-            lnorm_test_case_cfg c = {0};
-            c.op = LNORM_OP_LAYERNORM;
-            c.x_dtype = c.y_dtype = c.param_dtype = LNORM_DTYPE_F32;
-            c.gamma = c.beta = 1;
-            c.stats = 1;
-            c.x_mean = 1000.0;
-            c.x_spread = 1.0;
-            c.hidden = list[hi];
-            c.rows = c.hidden > 300000 ? 1 : c.hidden > 4096 ? 2 : 7;
-            run_case(&c, g, 1);
-        }
     }
 }
 
