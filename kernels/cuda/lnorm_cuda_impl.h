@@ -48,8 +48,12 @@ enum {
     LNORM__NFAST = 5,
     LNORM__FAST_VMASK = 7,    /* the variant bits of kparams.fast */
     LNORM__FAST_BULK = 8,     /* flag: rows staged by bulk copies (k_bulk) */
-    LNORM__FAST_AL = 16       /* flag: k_fast's straight-line form (whole aligned 16-byte units) */
+    LNORM__FAST_AL = 16,      /* flag: k_fast's straight-line form (whole aligned 16-byte units) */
+    LNORM__FAST_RR = 32       /* flag, with AL: k_fast re-reads the row in its later passes */
 };
+
+/* Threads a row from which k_fast has a re-read form (tiers 6-9). */
+#define LNORM__RR_MIN_TPR 64
 
 /* Run-time tuning of the bulk path (lnorm_cuda_set_tuning): on/off, stage
  * count (0 = chosen by the launcher), a cap on resident CTAs per SM
@@ -69,6 +73,13 @@ extern int lnorm__fast_grid;
  * where it measured faster (lnorm__al_pays), 2 wherever rows allow. */
 extern int lnorm__fast_aligned;
 extern long lnorm__al_launches;
+/* k_fast's re-read form (LNORM__FAST_RR: the row read again from L1/L2 in
+ * the later passes instead of held in registers, 32 registers a thread)
+ * for straight-line segments of LNORM__RR_MIN_TPR threads a row or more:
+ * 0 never, 1 where it measured faster (lnorm__rr_pays), 2 wherever the
+ * straight-line form is possible (even where AL is not the policy's). */
+extern int lnorm__fast_reread;
+extern long lnorm__rr_launches;
 /* Launches that ran the bulk kernels, and bulk launches that fell back to
  * the kernels without bulk copies (lnorm_cuda_stat). */
 extern long lnorm__bulk_launches;
