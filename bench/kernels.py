@@ -109,7 +109,12 @@ def main():
         for spec in specs:
             name, kvs = spec.split("=", 1)
             variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))
-    defaults = {"bulk": 1, "bulk_stages": 0, "bulk_ctas": 0, "bulk_smem_kb": 64, "fast_grid": 0, "fast_aligned": 1}
+    def reset():
+        # Every knob back to the library's initial value ("defaults"; a
+        # library older than 2026-11-30 session 7 lacks it: its knobs then).
+        if lib.lnorm_cuda_set_tuning(b"defaults", 0) != 0:
+            tune([("bulk", 1), ("bulk_stages", 0), ("bulk_ctas", 0), ("bulk_smem_kb", 64), ("fast_grid", 0),
+                  ("fast_aligned", 1)])
 
     def tune(kvs):
         for k, v in kvs:
@@ -196,7 +201,7 @@ def main():
                 for name, kvs in variants:
                     tune(kvs)
                     res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(lib)
-                    tune(list(defaults.items()))
+                    reset()
                 for name, alib in alts:
                     res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(alib)
                 cp = copy_gbs[res["dtype"]]

@@ -5,7 +5,9 @@
 # liblnorm_cuda_bench.so, lnorm-backend-bench (b/lnorm-backend-bench) and any
 # tuning variants under <build>/ab/ (b/ab/NAME/liblnorm_cuda_bench.so), laid
 # out as a build folder under b/.
-# Usage (development machine): scripts/device-pack.sh [build-folder] [out]
+# LEAN=1: test_gpu and the libraries only (the steps quick, test, ab of
+# scripts/device-gpu.sh), so more tuning variants fit in the 64 MiB.
+# Usage (development machine): [LEAN=1] scripts/device-pack.sh [build-folder] [out]
 #   make device-build   (or the cmake lines at the top of scripts/device-serve.sh)
 #   scripts/device-pack.sh build-sm90 .devpack/lnorm-sm90.tar.xz
 # Then on the device: scripts/device-run.sh .devpack/lnorm-sm90.tar.xz
@@ -15,9 +17,12 @@ P=${2:-.devpack/lnorm-sm90.tar.xz}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 mkdir -p "$T/b/tests/gpu" "$T/b/kernels/cuda" "$(dirname "$P")"
-cp "$B/server/lnormd" "$B/client/bench/lnorm-bench" "$T/b/"
-cp "$B/bench/gpu/lnorm-backend-bench" "$T/b/lnorm-backend-bench"
-cp "$B/tests/gpu/test_gpu" "$B/tests/gpu/test_backend_cuda" "$T/b/tests/gpu/"
+cp "$B/tests/gpu/test_gpu" "$T/b/tests/gpu/"
+if [ "${LEAN:-0}" != 1 ]; then
+  cp "$B/server/lnormd" "$B/client/bench/lnorm-bench" "$T/b/"
+  cp "$B/bench/gpu/lnorm-backend-bench" "$T/b/lnorm-backend-bench"
+  cp "$B/tests/gpu/test_backend_cuda" "$T/b/tests/gpu/"
+fi
 cp "$B/kernels/cuda/liblnorm_cuda_bench.so" "$T/b/kernels/cuda/"
 # Tuning variants (scripts/device-ab-build.sh), timed beside the default.
 for so in "$B"/ab/*/liblnorm_cuda_bench.so; do

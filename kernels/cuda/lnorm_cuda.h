@@ -74,20 +74,16 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * kernel for segments whose x, y, gamma and beta are 16-byte aligned and
  * whose H and strides are whole 16-byte units: off, where it pays
  * (default: every op and dtype but RMSNorm with 16-bit x), wherever rows
- * allow), "fast_reread" 0/1/2 (a straight-line form for rows of 64 threads
- * and more that reads the row again in its later passes instead of holding
- * it in registers: off, where it pays (default), wherever the straight-line
- * form is possible; needs "fast_aligned" on). Every setting
- * gives the same output bits. Returns LNORM_EINVAL for an unknown name or
+ * allow); "defaults" 0 puts every knob back to its initial value. Every
+ * setting gives the same output bits. Returns LNORM_EINVAL for an unknown name or
  * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
 
 /* Process-wide counters, for tests and benchmarks: "bulk_launches" (launches
  * that ran the bulk-copy kernels), "bulk_fallbacks" (launches marked for
  * them that ran the kernels without bulk copies because the stages did not
- * fit or the device refused the set-up), "aligned_launches" (launches of
- * the fast kernel's straight-line form) and "reread_launches" (those of them
- * in the re-read form). -1 for an unknown name. */
+ * fit or the device refused the set-up) and "aligned_launches" (launches of
+ * the fast kernel's straight-line form). -1 for an unknown name. */
 long lnorm_cuda_stat(const char *name);
 
 #ifdef __cplusplus

@@ -48,12 +48,8 @@ enum {
     LNORM__NFAST = 5,
     LNORM__FAST_VMASK = 7,    /* the variant bits of kparams.fast */
     LNORM__FAST_BULK = 8,     /* flag: rows staged by bulk copies (k_bulk) */
-    LNORM__FAST_AL = 16,      /* flag: k_fast's straight-line form (whole aligned 16-byte units) */
-    LNORM__FAST_RR = 32       /* flag, with AL: k_fast re-reads the row in its later passes */
+    LNORM__FAST_AL = 16       /* flag: k_fast's straight-line form (whole aligned 16-byte units) */
 };
-
-/* Threads a row from which k_fast has a re-read form (tiers 6-9). */
-#define LNORM__RR_MIN_TPR 64
 
 /* Run-time tuning of the bulk path (lnorm_cuda_set_tuning): on/off, stage
  * count (0 = chosen by the launcher), a cap on resident CTAs per SM
@@ -73,13 +69,6 @@ extern int lnorm__fast_grid;
  * where it measured faster (lnorm__al_pays), 2 wherever rows allow. */
 extern int lnorm__fast_aligned;
 extern long lnorm__al_launches;
-/* k_fast's re-read form (LNORM__FAST_RR: the row read again from L1/L2 in
- * the later passes instead of held in registers, 32 registers a thread)
- * for straight-line segments of LNORM__RR_MIN_TPR threads a row or more:
- * 0 never, 1 where it measured faster (lnorm__rr_pays), 2 wherever the
- * straight-line form is possible (even where AL is not the policy's). */
-extern int lnorm__fast_reread;
-extern long lnorm__rr_launches;
 /* Launches that ran the bulk kernels, and bulk launches that fell back to
  * the kernels without bulk copies (lnorm_cuda_stat). */
 extern long lnorm__bulk_launches;
@@ -144,6 +133,18 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 3
 #endif
+/* Tier 14 of tier set 3 (f32 H = 262144, 16-bit H = 524288): 512 x 8 over
+ * 16 CTAs, or (LNORM_CUDA_T14_1024, A/B) 1024 x 4 over 16 CTAs: the same
+ * 64 KiB slice a CTA, twice the warps, and the gamma/beta register cache
+ * of the 4-chunk kernels. */
+#ifndef LNORM_CUDA_T14_1024
+#define LNORM_CUDA_T14_1024 0
+#endif
+#if LNORM_CUDA_T14_1024
+#define LNORM__TIER14(X) X(14, 1024, 4, 16)
+#else
+#define LNORM__TIER14(X) X(14, 512, 8, 16)
+#endif
 #if LNORM_CUDA_TIERSET == 3
 /* Tier set 3 (default since 2026-11-30, session 5): set 1 with set 2's tier
  * 11 (256x4 CTAs, clusters of 8: bf16 H = 65536, f32 H = 32768). Against
@@ -155,7 +156,7 @@ typedef struct lnorm__kparams {
     X(11, 256, 4, 8)     \
     X(12, 512, 4, 8)     \
     X(13, 512, 4, 16)    \
-    X(14, 512, 8, 16)
+    LNORM__TIER14(X)
 #elif LNORM_CUDA_TIERSET == 2
 /* Tier set 2 (A/B builds only): clusters of 256x4 CTAs, four an SM, up to
  * H = 131072 bf16 / 65536 f32. Against set 1 on the H200 (same run,

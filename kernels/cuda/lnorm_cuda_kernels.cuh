@@ -205,6 +205,9 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
  * the cluster bulk kernels; a separate array per buffer layout, or a flat
  * slot array, spilled.) */
 #define LNORM__CRB 3
+#ifndef LNORM_CUDA_CLU_WAIT1
+#define LNORM_CUDA_CLU_WAIT1 0 /* A/B: one warp polls the cluster reduction's barrier, the rest sleep in bar.sync */
+#endif
 template <int CL, int NW> struct ClusterRed {
     uint64_t bar[LNORM__CRB];
     float slot[LNORM__CRB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
@@ -246,7 +249,18 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
         if (lane < CL)
             st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
+#if LNORM_CUDA_CLU_WAIT1
+        /* One warp polls the barrier; the others sleep in a CTA barrier
+         * until it has seen the phase complete, then wait on the barrier
+         * themselves (completes at once; it gives them the acquire). */
+        if (threadIdx.x < 32)
+            mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+        asm volatile("bar.sync 1, %0;" ::"n"(BLOCK) : "memory");
+        if (threadIdx.x >= 32)
+            mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+#else
         mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+#endif
         float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < (CL * NW + 31) / 32; i++)
@@ -317,19 +331,6 @@ template <typename T> __device__ __forceinline__ T load_x16(const T *p)
 #else
     return *p;
 #endif
-}
-
-/* A later pass's read of a chunk of x that an earlier pass of the same
- * thread read (k_fast's re-read form): volatile, so that the compiler does
- * not merge it with the first read and hold the row in registers after
- * all; served by L1 or L2. */
-template <typename T> __device__ __forceinline__ uint4 reread_x16(const T *p)
-{
-    uint4 v;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
 }
 
 /* Stores of y: 0 (default) plain; A/B builds: 1 evict-first (__stcs). */
@@ -1011,7 +1012,7 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
-          bool AL = false, bool SMR = false, bool XW = false, bool RR = false>
+          bool AL = false, bool SMR = false, bool XW = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
@@ -1038,12 +1039,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             unpack<TX>(raw[j], fv[j]);
     }
     /* XW (the bulk kernels): every row of the launch is a whole number of
-     * 16-byte units, so a chunk is either inside the row or past its end
-     * and the statistics passes need no element masks. RR (k_fast's
-     * re-read form, AL only): the later passes read the row again from
-     * global memory (L1/L2) instead of holding it in registers; srow is
-     * then the row's x. Same operations, same bits. */
-    static_assert(!RR || (AL && !F32REG && !SMR), "RR: the straight-line form, row not held");
+     * 16-byte units, so a chunk is either inside the row or past its end:
+     * the statistics passes need no element masks and a chunk's store no
+     * test of its end. Same operations, same bits. */
     constexpr bool WH = AL || XW; /* chunks are whole or past the end */
     constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
@@ -1055,21 +1053,12 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         else
             return (f[k] - K) - d;
     };
-    /* Chunk j of the row as fp32 (first: the first pass, which RR reads
-     * from raw). */
-    auto chunk = [&](int j, float (&f)[VEC], bool first) {
+    /* Chunk j of the row as fp32. */
+    auto chunk = [&](int j, float (&f)[VEC]) {
         if constexpr (F32REG) {
 #pragma unroll
             for (int k = 0; k < VEC; k++)
                 f[k] = fv[j][k];
-        } else if constexpr (RR) {
-            if (first) {
-                unpack<TX>(raw[j], f);
-            } else {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                unpack<TX>(c0 < H ? reread_x16(reinterpret_cast<const TX *>(srow) + c0) : make_uint4(0u, 0u, 0u, 0u),
-                           f);
-            }
         } else if constexpr (SMR) {
             unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
         } else {
@@ -1083,7 +1072,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
             float f[VEC];
-            chunk(j, f, true);
+            chunk(j, f);
             if constexpr (SHIFTED) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
@@ -1112,7 +1101,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         float f[VEC];
-        chunk(j, f, RMS);
+        chunk(j, f);
         if (WH ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
@@ -1164,7 +1153,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             if (c0 >= H)
                 continue;
             float f[VEC], g[VEC], b[VEC];
-            chunk(j, f, false);
+            chunk(j, f);
             if constexpr (GC) {
                 unpack<TP>(gcache[j], g);
                 unpack<TP>(bcache[j], b);
@@ -1228,13 +1217,9 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
 #ifndef LNORM_CUDA_FAST_F32REG
 #define LNORM_CUDA_FAST_F32REG 1 /* k_fast converts the row to fp32 once (0: unpacks it in each pass) */
 #endif
-#ifndef LNORM_CUDA_FAST_RR_REGS
-#define LNORM_CUDA_FAST_RR_REGS 32 /* register budget of k_fast's re-read form (full occupancy) */
-#endif
-template <int TPR, int NCH, bool RR = false> struct FastShape {
+template <int TPR, int NCH> struct FastShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int regs = RR ? LNORM_CUDA_FAST_RR_REGS
-                                   : (block == 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG);
+    static constexpr int regs = block == 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
 
@@ -1246,13 +1231,9 @@ template <int TPR, int NCH, bool RR = false> struct FastShape {
  * strides and H whole 16-byte units, so every chunk is either inside the
  * row (one vector access) or outside it (skipped): straight-line vector
  * code without the element-by-element fallbacks. Same operations, same
- * bits. RR (with AL; LNORM__FAST_RR, lnorm_cuda_set_tuning "fast_reread"):
- * the row is not held in registers after the first pass; the later passes
- * read it again (L1/L2), for a register budget of 32 and every thread slot
- * of the SM resident (the form torch.compile's looped kernels take at
- * these sizes). */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI, bool AL = false, bool RR = false>
-__global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR, NCH, RR>::min_blocks)
+ * bits. */
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI, bool AL = false>
+__global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
@@ -1284,9 +1265,8 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
                 raw[j] = load_raw<TX>(xr, c0, H, xal);
         }
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, !RR && LNORM_CUDA_FAST_F32REG != 0, AL, false, false, RR>(
-            raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache, bcache, cs,
-            reinterpret_cast<const unsigned char *>(xr));
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, LNORM_CUDA_FAST_F32REG != 0, AL>(raw, s, r, H, active, K, 0, t, red, nullptr, par,
+                                                                 gcache, bcache, cs);
     }
 }
 
@@ -1632,21 +1612,16 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
-    /* occupancy of each form: table or one segment; general, AL or AL + RR */
-    static int cache[6][64];
+    static int cache[4][64]; /* occupancy of each form: table or one segment, general or AL */
     int dev = 0, sms = 0;
     cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     const bool al = (p->fast & LNORM__FAST_AL) != 0; /* set by the host (lnorm__al_ok) */
-    /* RR: set by the host with AL, only in tiers of LNORM__RR_MIN_TPR threads a row and more */
-    const bool rr = al && (p->fast & LNORM__FAST_RR) != 0 && TPR >= LNORM__RR_MIN_TPR;
-    const int form = (p->table ? 0 : 1) + (rr ? 4 : al ? 2 : 0);
-    constexpr bool RRT = TPR >= LNORM__RR_MIN_TPR; /* the re-read form exists (else: AL in its place) */
-    static void (*const kerns[6])(const lnorm__kparams) = {
-        k_fast<TX, TP, RMS, TPR, NCH, true>,        k_fast<TX, TP, RMS, TPR, NCH, false>,
-        k_fast<TX, TP, RMS, TPR, NCH, true, true>,  k_fast<TX, TP, RMS, TPR, NCH, false, true>,
-        k_fast<TX, TP, RMS, TPR, NCH, true, true, RRT>, k_fast<TX, TP, RMS, TPR, NCH, false, true, RRT>};
+    const int form = (p->table ? 0 : 1) + (al ? 2 : 0);
+    static void (*const kerns[4])(const lnorm__kparams) = {
+        k_fast<TX, TP, RMS, TPR, NCH, true>, k_fast<TX, TP, RMS, TPR, NCH, false>,
+        k_fast<TX, TP, RMS, TPR, NCH, true, true>, k_fast<TX, TP, RMS, TPR, NCH, false, true>};
     auto kern = kerns[form];
     int occ = 0;
     e = cached_occupancy(kern, BLOCK, dev, cache[form], &occ);
@@ -1660,8 +1635,6 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     e = cudaGetLastError();
     if (e == cudaSuccess && al)
         __atomic_fetch_add(&lnorm__al_launches, 1L, __ATOMIC_RELAXED);
-    if (e == cudaSuccess && rr)
-        __atomic_fetch_add(&lnorm__rr_launches, 1L, __ATOMIC_RELAXED);
     return e;
 }
 

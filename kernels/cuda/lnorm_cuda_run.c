@@ -68,11 +68,6 @@ int lnorm__fast_grid = 0;
 #endif
 int lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
 long lnorm__al_launches = 0;
-#ifndef LNORM_CUDA_FAST_REREAD
-#define LNORM_CUDA_FAST_REREAD 1 /* initial "fast_reread" (1: where lnorm__rr_pays) */
-#endif
-int lnorm__fast_reread = LNORM_CUDA_FAST_REREAD;
-long lnorm__rr_launches = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 
@@ -84,8 +79,6 @@ long lnorm_cuda_stat(const char *name)
         return __atomic_load_n(&lnorm__bulk_fallbacks, __ATOMIC_RELAXED);
     if (name && !strcmp(name, "aligned_launches"))
         return __atomic_load_n(&lnorm__al_launches, __ATOMIC_RELAXED);
-    if (name && !strcmp(name, "reread_launches"))
-        return __atomic_load_n(&lnorm__rr_launches, __ATOMIC_RELAXED);
     return -1;
 }
 
@@ -93,7 +86,14 @@ int lnorm_cuda_set_tuning(const char *name, int value)
 {
     if (!name)
         return LNORM_EINVAL;
-    if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
+    if (!strcmp(name, "defaults") && value == 0) {
+        lnorm__bulk_enabled = 1;
+        lnorm__bulk_stages_override = 0;
+        lnorm__bulk_ctas_override = 0;
+        lnorm__bulk_smem_kb = 64;
+        lnorm__fast_grid = 0;
+        lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
+    } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
     else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
         lnorm__bulk_stages_override = value;
@@ -105,8 +105,6 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_grid = value;
     else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 2)
         lnorm__fast_aligned = value;
-    else if (!strcmp(name, "fast_reread") && value >= 0 && value <= 2)
-        lnorm__fast_reread = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;
@@ -154,15 +152,6 @@ static int lnorm__al_pays(const lnorm_segment *s)
     return s->op == LNORM_OP_LAYERNORM;
 }
 
-/* Where k_fast's re-read form is taken when "fast_reread" is 1: not yet
- * measured, so nowhere (A/B runs: "fast_reread" 2). */
-static int lnorm__rr_pays(const lnorm_segment *s, int tier)
-{
-    (void)s;
-    (void)tier;
-    return 0;
-}
-
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
  * every cluster tier (k_fast has none; 1.4-1.8x the general cluster
  * kernel), and LayerNorm with 16-bit x in the 4-chunk tiers up to 512
@@ -205,11 +194,7 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return LNORM__FAST_NONE;
     if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
         return v | LNORM__FAST_BULK;
-    const lnorm__tier_shape *sh = lnorm__shape(s->x_dtype, tier);
-    const int cl = sh->cl;
-    if (cl == 1 && lnorm__fast_aligned && lnorm__fast_reread && sh->tpr >= LNORM__RR_MIN_TPR && lnorm__al_ok(s) &&
-        (lnorm__fast_reread == 2 || lnorm__rr_pays(s, tier)))
-        return v | LNORM__FAST_AL | LNORM__FAST_RR;
+    const int cl = lnorm__shape(s->x_dtype, tier)->cl;
     if (cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
         (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
         return v | LNORM__FAST_AL;
@@ -218,19 +203,18 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
     return cl == 1 ? v : LNORM__FAST_NONE;
 }
 
-/* Index (0 .. LNORM__NFLAGS * LNORM__NFAST - 1) of a fast value in a group
- * key (BULK and AL never come together; RR only with AL), and back. */
-#define LNORM__NFLAGS 4
+/* Index (0 .. 3 * LNORM__NFAST - 1) of a fast value in a group key (BULK
+ * and AL never come together), and back. */
 static int lnorm__fast_index(int fast)
 {
-    const int f = (fast & LNORM__FAST_BULK) ? 1 : (fast & LNORM__FAST_RR) ? 3 : (fast & LNORM__FAST_AL) ? 2 : 0;
-    return (fast & LNORM__FAST_VMASK) + f * LNORM__NFAST;
+    return (fast & LNORM__FAST_VMASK) + ((fast & LNORM__FAST_BULK) ? LNORM__NFAST : 0) +
+           ((fast & LNORM__FAST_AL) ? 2 * LNORM__NFAST : 0);
 }
 
 static int lnorm__fast_of_key(int key)
 {
-    const int i = key % (LNORM__NFLAGS * LNORM__NFAST);
-    static const int flag[LNORM__NFLAGS] = {0, LNORM__FAST_BULK, LNORM__FAST_AL, LNORM__FAST_AL | LNORM__FAST_RR};
+    const int i = key % (3 * LNORM__NFAST);
+    static const int flag[3] = {0, LNORM__FAST_BULK, LNORM__FAST_AL};
     return (i % LNORM__NFAST) | flag[i / LNORM__NFAST];
 }
 
@@ -238,11 +222,11 @@ static int lnorm__fast_of_key(int key)
 static int lnorm__group_key(const lnorm_segment *s)
 {
     const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
-    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * (LNORM__NFLAGS * LNORM__NFAST) +
+    return ((s->x_dtype - 1) * (LNORM__NREG_TIERS + 1) + tier) * (3 * LNORM__NFAST) +
            lnorm__fast_index(lnorm__fast_variant(s, tier));
 }
 
-#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * LNORM__NFLAGS * LNORM__NFAST)
+#define LNORM__NKEYS (3 * (LNORM__NREG_TIERS + 1) * 3 * LNORM__NFAST)
 
 static void lnorm__to_kseg(lnorm__kseg *k, const lnorm_segment *s, int64_t row_begin)
 {

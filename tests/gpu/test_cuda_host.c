@@ -13,9 +13,7 @@
  *     16-bit x, LNORM_CUDA_AL_POLICY 3; policy 1: only LayerNorm with
  *     16-bit x; policy 2: everywhere), never in
  *     a cluster tier, never together with the bulk form; the bulk form only
- *     for rows that start 16-byte aligned and are whole 16-byte units; the
- *     re-read form (RR) only with AL, in tiers of 64 threads a row or more,
- *     under the "fast_reread" knob;
+ *     for rows that start 16-byte aligned and are whole 16-byte units;
  *   - a batch: one launch per (dtype, tier, variant) group, each segment in
  *     exactly one launch, the table entries of a launch in its rows order,
  *     every segment of an AL or bulk launch qualifying for it (the launch's
@@ -221,63 +219,6 @@ static int variant_of(const lnorm_segment *s)
     return g_nl == 1 ? g_l[0].fast : -1;
 }
 
-/* k_fast's re-read form (RR, always with AL): under "fast_reread" 2 for
- * every straight-line segment of a one-CTA tier of LNORM__RR_MIN_TPR
- * threads a row or more (even where AL alone is not the policy's choice),
- * under 1 where lnorm__rr_pays says, never under 0 or with "fast_aligned" 0. */
-static int variant_of(const lnorm_segment *s);
-static void reread(void)
-{
-    enum { AL = LNORM__FAST_AL, RR = LNORM__FAST_AL | LNORM__FAST_RR, BU = LNORM__FAST_BULK, PLAIN = 0 };
-    struct {
-        const char *name;
-        lnorm_segment s;
-        int want2; /* flags (AL | RR | BULK) under fast_reread 2 */
-    } const cases[] = {
-        {"f16 LN H=4096 aligned (128 threads a row)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 4, 4096, 0, 0, 0), RR},
-        {"bf16 RMS H=4096 aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 4096, 0, 0, 0), RR},
-        {"f32 LN H=1024 aligned (128 threads a row)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 1024, 0, 0, 0), RR},
-        {"f32 LN H=256 aligned (32 threads a row)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 256, 0, 0, 0),
-         LNORM_CUDA_AL_POLICY >= 2 ? AL : PLAIN},
-        {"bf16 LN H=1024 aligned (32 threads a row)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0), AL},
-        {"bf16 LN H=4096 y misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 4096, 0, 2, 0), BU},
-        {"bf16 LN H=65536 (cluster) aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 65536, 0, 0, 0), BU},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        const lnorm_segment *sg = &cases[i].s;
-        const int tier = lnorm_cuda_tier(sg->x_dtype, sg->hidden, NULL);
-        for (int rr = 0; rr <= 2; rr++)
-            for (int al = 0; al <= 1; al++) {
-                if (tune(1, al) || lnorm_cuda_set_tuning("fast_reread", rr)) {
-                    CHECK(0, "lnorm_cuda_set_tuning refused");
-                    continue;
-                }
-                const int v = variant_of(sg);
-                const int got = v < 0 ? -1 : v & (LNORM__FAST_AL | LNORM__FAST_RR | LNORM__FAST_BULK);
-                const int is_rr = (cases[i].want2 & LNORM__FAST_RR) != 0;
-                const int want_rr = al && is_rr && (rr == 2 || (rr == 1 && lnorm__rr_pays(sg, tier)));
-                if (rr == 2 && al)
-                    CHECK(got == cases[i].want2, "%s, fast_reread 2: flags %d, want %d", cases[i].name, got,
-                          cases[i].want2);
-                else
-                    CHECK(((got & LNORM__FAST_RR) != 0) == want_rr, "%s, fast_reread %d, fast_aligned %d: flags %d",
-                          cases[i].name, rr, al, got);
-                CHECK(got < 0 || (got & LNORM__FAST_RR) == 0 || (got & LNORM__FAST_AL), "%s: RR without AL",
-                      cases[i].name);
-            }
-    }
-    CHECK(lnorm_cuda_set_tuning("fast_reread", 3) == LNORM_EINVAL, "fast_reread 3 must be refused");
-    /* Group keys carry RR: the form comes back from the key. */
-    for (int v = 1; v < LNORM__NFAST; v++) {
-        const int forms[4] = {v, v | LNORM__FAST_BULK, v | LNORM__FAST_AL, v | LNORM__FAST_AL | LNORM__FAST_RR};
-        for (int f = 0; f < 4; f++)
-            CHECK(lnorm__fast_of_key(lnorm__fast_index(forms[f])) == forms[f], "fast %d: key round trip gives %d",
-                  forms[f], lnorm__fast_of_key(lnorm__fast_index(forms[f])));
-    }
-    tune(1, 1);
-    lnorm_cuda_set_tuning("fast_reread", 1);
-}
-
 static void variants(void)
 {
     /* name, segment, expected fast flags (AL / BULK / NONE) for (bulk, fast_aligned) settings
@@ -326,8 +267,19 @@ static void variants(void)
     y32.y_dtype = LNORM_DTYPE_F32;
     CHECK(variant_of(&y32) == LNORM__FAST_NONE, "y of another dtype must take the general kernel");
     CHECK(lnorm_cuda_set_tuning("fast_aligned", 3) == LNORM_EINVAL, "fast_aligned 3 must be refused");
+    /* "defaults" puts every knob back (bench/kernels.py resets with it after each variant). */
+    tune(0, 0);
+    lnorm_cuda_set_tuning("bulk_stages", 2);
+    CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults 0 must be accepted");
+    CHECK(lnorm__bulk_enabled == 1 && lnorm__fast_aligned == LNORM_CUDA_FAST_ALIGNED &&
+              lnorm__bulk_stages_override == 0 && lnorm__bulk_ctas_override == 0 && lnorm__bulk_smem_kb == 64 &&
+              lnorm__fast_grid == 0,
+          "defaults: a knob kept its setting");
+    const lnorm_segment al = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
+    CHECK((variant_of(&al) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_AL,
+          "after defaults: bf16 LN H=1024 aligned must take the AL form again");
+    CHECK(lnorm_cuda_set_tuning("defaults", 1) == LNORM_EINVAL, "defaults 1 must be refused");
     tune(1, 1);
-    reread();
 }
 
 /* Whether kernel-table entry k satisfies what the form with these flags
@@ -339,10 +291,6 @@ static int qualifies(const lnorm__kseg *k, int x_dtype, int fast)
                      ((size_t)k->hidden * xs) % 16 == 0;
     const int al = bulk && ((uintptr_t)k->y % 16) == 0 && ((size_t)k->y_stride * xs) % 16 == 0 &&
                    ((uintptr_t)k->gamma % 16) == 0 && ((uintptr_t)k->beta % 16) == 0;
-    if (fast & LNORM__FAST_RR) {
-        const int tier = lnorm_cuda_tier(x_dtype, k->hidden, NULL);
-        return al && lnorm__shape(x_dtype, tier)->tpr >= LNORM__RR_MIN_TPR && lnorm__shape(x_dtype, tier)->cl == 1;
-    }
     if (fast & LNORM__FAST_AL)
         return al;
     if (fast & LNORM__FAST_BULK)

@@ -525,16 +525,15 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 20000, 40000};
     static const struct {
         const char *name;
-        int bulk, stages, ctas, grid, aligned, reread;
-    } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0},
-                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0},
-                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0},
-                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2, 0},
-                {"bulk off, re-read fast form wherever rows allow", 0, 0, 0, 0, 1, 2},
-                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0, 0},
-                {"bulk forced, 3 stages", 2, 3, 0, 0, 0, 0},
-                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0, 0},
-                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1, 1}};
+        int bulk, stages, ctas, grid, aligned;
+    } runs[] = {{"bulk off", 0, 0, 0, 0, 0},
+                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0},
+                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0},
+                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2},
+                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0},
+                {"bulk forced, 3 stages", 2, 3, 0, 0, 0},
+                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0},
+                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1}};
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long fails = 0, cases = 0;
@@ -569,9 +568,6 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     char label[200];
                     const char *tdesc = "?";
                     lnorm_cuda_tier(c.x_dtype, c.hidden, &tdesc);
-                    int tier_tpr = 0, tier_nch = 0, tier_cl = 0;
-                    if (sscanf(tdesc, "reg%dx%dcl%d", &tier_tpr, &tier_nch, &tier_cl) != 3)
-                        tier_tpr = tier_cl = 0;
                     snprintf(label, sizeof label, "bulk op=%s x=%s p=%s H=%lld rows=%lld pad=%lld tier=%s",
                              op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c.x_dtype),
                              lnorm_dtype_name(c.param_dtype), (long long)c.hidden, (long long)c.rows,
@@ -589,15 +585,13 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
                             lnorm_cuda_set_tuning("bulk_ctas", runs[ri].ctas) ||
                             lnorm_cuda_set_tuning("fast_grid", runs[ri].grid) ||
-                            lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned) ||
-                            lnorm_cuda_set_tuning("fast_reread", runs[ri].reread)) {
+                            lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned)) {
                             fprintf(stderr, "FAIL %s: lnorm_cuda_set_tuning refused\n", label);
                             fails++;
                             break;
                         }
                         const char *why = NULL;
                         const long nb = lnorm_cuda_stat("bulk_launches");
-                        const long nr = lnorm_cuda_stat("reread_launches");
                         int err = gpu_run(&tc, 0, &why);
                         if (err) {
                             fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
@@ -610,15 +604,6 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         if (runs[ri].bulk != 1 && ran != want) {
                             fprintf(stderr, "FAIL %s (%s): %ld bulk launches, expected %ld\n", label, runs[ri].name,
                                     ran, want);
-                            fails++;
-                        }
-                        /* The re-read form, forced: every one-CTA tier of 64 threads a row or more (these
-                         * rows are aligned and whole 16-byte units). */
-                        const long rr = lnorm_cuda_stat("reread_launches") - nr;
-                        const long rr_want = runs[ri].reread == 2 && tier_tpr >= 64 && tier_cl == 1 ? 1 : 0;
-                        if (runs[ri].reread == 2 && rr != rr_want) {
-                            fprintf(stderr, "FAIL %s (%s): %ld re-read launches, expected %ld\n", label,
-                                    runs[ri].name, rr, rr_want);
                             fails++;
                         }
                         if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
@@ -641,7 +626,6 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     lnorm_cuda_set_tuning("bulk_ctas", 0);
     lnorm_cuda_set_tuning("fast_grid", 0);
     lnorm_cuda_set_tuning("fast_aligned", 1);
-    lnorm_cuda_set_tuning("fast_reread", 1);
     g_cases += cases;
     g_fails += fails;
     printf("bulk pipeline: %ld shapes x %zu settings: %s\n", cases, sizeof runs / sizeof *runs, fails ? "FAIL" : "ok");
