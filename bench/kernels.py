@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--variant", action="append", default=None,
                     help="NAME=KEY:VAL[,KEY:VAL]: run-time tuning of the same library "
                          "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
-                         "default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow), noal=fast_aligned:0, "
+                         "none: no variants; default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow), noal=fast_aligned:0, "
                          "alall=fast_aligned:2 (k_fast's straight-line form off / wherever rows allow)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
@@ -107,6 +107,8 @@ def main():
         specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "noal=fast_aligned:0",
                                                           "alall=fast_aligned:2"]
         for spec in specs:
+            if spec == "none":  # --variant none: no run-time variants
+                continue
             name, kvs = spec.split("=", 1)
             variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))
     def reset():
