@@ -133,12 +133,15 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 3
 #endif
-/* Tier 14 of tier set 3 (f32 H = 262144, 16-bit H = 524288): 512 x 8 over
- * 16 CTAs, or (LNORM_CUDA_T14_1024, A/B) 1024 x 4 over 16 CTAs: the same
- * 64 KiB slice a CTA, twice the warps, and the gamma/beta register cache
- * of the 4-chunk kernels. */
+/* Tier 14 of tier set 3 (f32 H = 262144, 16-bit H = 524288): 1024 x 4
+ * over 16 CTAs (LNORM_CUDA_T14_1024, default since session 7), or 512 x 8:
+ * the same 64 KiB slice a CTA (one CTA an SM either way: three stages of
+ * it fill the SM's shared memory), with twice the warps and the gamma/beta
+ * register cache of the 4-chunk kernels. Same run on the H200
+ * (bench/results/kernels-2026-11-30-ed37161-ab.log): f32 LayerNorm
+ * H = 262144 2507 GB/s against 2169, RMSNorm 3485 against 2792. */
 #ifndef LNORM_CUDA_T14_1024
-#define LNORM_CUDA_T14_1024 0
+#define LNORM_CUDA_T14_1024 1
 #endif
 #if LNORM_CUDA_T14_1024
 #define LNORM__TIER14(X) X(14, 1024, 4, 16)
@@ -156,6 +159,15 @@ typedef struct lnorm__kparams {
     X(11, 256, 4, 8)     \
     X(12, 512, 4, 8)     \
     X(13, 512, 4, 16)    \
+    LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 5
+/* Tier set 5 (A/B builds only): set 3 with 1024 x 4 CTAs in tiers 12 and
+ * 13 too (clusters of 4 and 8, one CTA an SM). */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 512, 4, 2)     \
+    X(11, 256, 4, 8)     \
+    X(12, 1024, 4, 4)    \
+    X(13, 1024, 4, 8)    \
     LNORM__TIER14(X)
 #elif LNORM_CUDA_TIERSET == 2
 /* Tier set 2 (A/B builds only): clusters of 256x4 CTAs, four an SM, up to
@@ -183,7 +195,7 @@ typedef struct lnorm__kparams {
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
 #else
-#error "LNORM_CUDA_TIERSET: tier sets 0-3"
+#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5"
 #endif
 
 /* The register tiers of 16-bit x and of f32 x: the same capacities (tier

@@ -205,9 +205,6 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
  * the cluster bulk kernels; a separate array per buffer layout, or a flat
  * slot array, spilled.) */
 #define LNORM__CRB 3
-#ifndef LNORM_CUDA_CLU_WAIT1
-#define LNORM_CUDA_CLU_WAIT1 0 /* A/B: one warp polls the cluster reduction's barrier, the rest sleep in bar.sync */
-#endif
 template <int CL, int NW> struct ClusterRed {
     uint64_t bar[LNORM__CRB];
     float slot[LNORM__CRB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
@@ -249,18 +246,7 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
         if (lane < CL)
             st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
-#if LNORM_CUDA_CLU_WAIT1
-        /* One warp polls the barrier; the others sleep in a CTA barrier
-         * until it has seen the phase complete, then wait on the barrier
-         * themselves (completes at once; it gives them the acquire). */
-        if (threadIdx.x < 32)
-            mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-        asm volatile("bar.sync 1, %0;" ::"n"(BLOCK) : "memory");
-        if (threadIdx.x >= 32)
-            mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-#else
         mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-#endif
         float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < (CL * NW + 31) / 32; i++)
