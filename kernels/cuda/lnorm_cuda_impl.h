@@ -131,9 +131,9 @@ typedef struct lnorm__kparams {
 #endif
 
 #ifndef LNORM_CUDA_TIERSET
-#define LNORM_CUDA_TIERSET 3
+#define LNORM_CUDA_TIERSET 5
 #endif
-/* Tier 14 of tier set 3 (f32 H = 262144, 16-bit H = 524288): 1024 x 4
+/* Tier 14 of tier sets 3, 5 and 6 (f32 H = 262144, 16-bit H = 524288): 1024 x 4
  * over 16 CTAs (LNORM_CUDA_T14_1024, default since session 7), or 512 x 8:
  * the same 64 KiB slice a CTA (one CTA an SM either way: three stages of
  * it fill the SM's shared memory), with twice the warps and the gamma/beta
@@ -148,26 +148,49 @@ typedef struct lnorm__kparams {
 #else
 #define LNORM__TIER14(X) X(14, 512, 8, 16)
 #endif
-#if LNORM_CUDA_TIERSET == 3
-/* Tier set 3 (default since 2026-11-30, session 5): set 1 with set 2's tier
- * 11 (256x4 CTAs, clusters of 8: bf16 H = 65536, f32 H = 32768). Against
- * set 1 on the H200 (same run, bench/results/kernels-2026-11-30-2f1a128-ab):
- * bf16 LayerNorm H = 65536 2350 against 2177 GB/s, f32 RMSNorm H = 32768
- * 3765 against 3698, the other rows of the tier within 0.3%. */
-#define LNORM__TIERS_CLU(X)  \
-    X(10, 512, 4, 2)     \
-    X(11, 256, 4, 8)     \
-    X(12, 512, 4, 8)     \
-    X(13, 512, 4, 16)    \
-    LNORM__TIER14(X)
-#elif LNORM_CUDA_TIERSET == 5
-/* Tier set 5 (A/B builds only): set 3 with 1024 x 4 CTAs in tiers 12 and
- * 13 too (clusters of 4 and 8, one CTA an SM). */
+#if LNORM_CUDA_TIERSET == 5
+/* Tier set 5 (default since 2026-11-30, session 7): one 1024 x 4 CTA an SM
+ * from tier 12 up (clusters of 4, 8 and 16: a CTA's slice of a row is
+ * 64 KiB of shared memory, three stages of it fill the SM), so an SM has
+ * half as many cluster reductions per byte as with two 512 x 4 CTAs.
+ * Against set 3 (same run on the H200, bench/results/
+ * kernels-2026-11-30-3a24394-ab.log): bf16 LayerNorm H = 131072 / 262144
+ * 2900 / 2582 GB/s against 2692 / 2314, bf16 RMSNorm 3633 / 3441 against
+ * 3523 / 3386, f32 LayerNorm H = 65536 / 131072 3672 / 3187 against
+ * 3508 / 2955, f32 RMSNorm 3750 / 3674 against 3767 / 3602. Set 3 (the
+ * default of session 5) was set 1 with set 2's tier 11 (256x4 CTAs,
+ * clusters of 8: bf16 LayerNorm H = 65536 2350 against 2177 GB/s,
+ * bench/results/kernels-2026-11-30-2f1a128-ab). */
 #define LNORM__TIERS_CLU(X)  \
     X(10, 512, 4, 2)     \
     X(11, 256, 4, 8)     \
     X(12, 1024, 4, 4)    \
     X(13, 1024, 4, 8)    \
+    LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 6
+/* Tier set 6 (A/B builds only): set 5 with tier 11 as 1024 x 4 over 2. */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 512, 4, 2)     \
+    X(11, 1024, 4, 2)    \
+    X(12, 1024, 4, 4)    \
+    X(13, 1024, 4, 8)    \
+    LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 7
+/* Tier set 7 (A/B builds only): set 6 with tier 10 as one 1024 x 4 CTA
+ * (the bulk kernel with the row in shared memory, CTA reductions). */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 1024, 4, 1)    \
+    X(11, 1024, 4, 2)    \
+    X(12, 1024, 4, 4)    \
+    X(13, 1024, 4, 8)    \
+    LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 3
+/* Tier set 3 (the default of session 5): 512 x 4 CTAs in tiers 12-13. */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 512, 4, 2)     \
+    X(11, 256, 4, 8)     \
+    X(12, 512, 4, 8)     \
+    X(13, 512, 4, 16)    \
     LNORM__TIER14(X)
 #elif LNORM_CUDA_TIERSET == 2
 /* Tier set 2 (A/B builds only): clusters of 256x4 CTAs, four an SM, up to
@@ -195,7 +218,7 @@ typedef struct lnorm__kparams {
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
 #else
-#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5"
+#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-7"
 #endif
 
 /* The register tiers of 16-bit x and of f32 x: the same capacities (tier

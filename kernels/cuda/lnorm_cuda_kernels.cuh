@@ -1360,6 +1360,10 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
 #endif
 template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
+    /* The row read from its stage in each pass (SMR): the cluster tiers
+     * and a one-CTA tier of 1024 threads a row (one CTA an SM, whose
+     * registers cannot hold the row). */
+    static constexpr bool smr = (CL > 1 || TPR >= 1024) && LNORM_CUDA_CLU_SMEM;
     static constexpr int min_blocks = (CL > 1 && NCH <= 4)
                                           ? 65536 / (block * LNORM_CUDA_CLU_REGS)
                                           : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
@@ -1377,7 +1381,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
      * shared memory instead of holding it in registers, and the stage is
      * refilled once the row is written (the launcher gives these kernels
      * three stages or more where they fit). */
-    constexpr bool SMR = CL > 1 && LNORM_CUDA_CLU_SMEM;
+    constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
     extern __shared__ __align__(128) unsigned char stage_mem[];
@@ -1532,10 +1536,11 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * 1 KiB the SM reserves per CTA. */
     constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + 8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
+    constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     int n = occ, stages = 0;
     for (; n >= 1; n--) {
-        int64_t per = CL > 1 ? ((int64_t)LNORM__BULK_SMEM_SM - n * static_cta) / n
-                             : (int64_t)lnorm__bulk_smem_kb * 1024 / n;
+        int64_t per = SMR ? ((int64_t)LNORM__BULK_SMEM_SM - n * static_cta) / n
+                          : (int64_t)lnorm__bulk_smem_kb * 1024 / n;
         if (per > LNORM__BULK_SMEM_CTA)
             per = LNORM__BULK_SMEM_CTA;
         int64_t s = per / stage_bytes;

@@ -164,7 +164,7 @@ static int lnorm__al_pays(const lnorm_segment *s)
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
     const lnorm__tier_shape *t = lnorm__shape(s->x_dtype, tier);
-    if (t->cl > 1)
+    if (t->cl > 1 || t->tpr >= 1024) /* a 1024-thread tier reads its row from shared memory (SMR) */
         return 1;
     if (t->nch != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
@@ -195,7 +195,8 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
     if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
         return v | LNORM__FAST_BULK;
     const int cl = lnorm__shape(s->x_dtype, tier)->cl;
-    if (cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
+    const int smr = cl > 1 || lnorm__shape(s->x_dtype, tier)->tpr >= 1024; /* k_bulk's row-in-shared-memory tiers */
+    if (!smr && lnorm__fast_aligned && lnorm__al_ok(s) &&
         (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
         return v | LNORM__FAST_AL;
     if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))
