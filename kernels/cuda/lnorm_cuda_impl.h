@@ -101,18 +101,10 @@ typedef struct lnorm__kparams {
     X(5, 32, 4, 1)          \
     X(6, 64, 4, 1)          \
     LNORM__TIERS_CTA_HI(X)
-#ifndef LNORM_CUDA_T9_1024
-#define LNORM_CUDA_T9_1024 0 /* A/B: tier 9 as one 1024 x 2 CTA (k_bulk, row in shared memory) */
-#endif
-#if LNORM_CUDA_T9_1024
-#define LNORM__TIER9(X) X(9, 1024, 2, 1)
-#else
-#define LNORM__TIER9(X) X(9, 512, 4, 1)
-#endif
 #define LNORM__TIERS_CTA_HI(X) \
     X(7, 128, 4, 1)            \
     X(8, 256, 4, 1)            \
-    LNORM__TIER9(X)
+    X(9, 512, 4, 1)
 
 /* f32 x (LNORM_CUDA_F32_NCH2, default 1): tiers 0-6 (H <= 1024) with two
  * chunks a thread and twice the threads a row, the same capacities (so the

@@ -1046,6 +1046,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             for (int k = 0; k < VEC; k++)
                 f[k] = fv[j][k];
         } else if constexpr (SMR) {
+            /* Every stage of an SMR kernel holds the whole slice capacity
+             * (bulk_row_bytes), so a chunk past the row's end reads stale
+             * bytes inside the stage, which the masks then drop. */
             unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
         } else {
             unpack<TX>(raw[j], f);
@@ -1274,71 +1277,6 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
 #endif
 #define LNORM__BULK_MAXST 8
 
-/* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from global
- * to this CTA's shared memory; completion is counted on mbarrier b. */
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *b)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(b))
-                 : "memory");
-}
-
-/* Shared-memory bytes of one staged row (rs) for a launch: the row itself
- * when every row has the launch's single segment, else the tier's slice
- * capacity (rows of a table launch may differ in length). Host and device
- * compute it alike. */
-__host__ __device__ __forceinline__ int64_t bulk_row_bytes(const lnorm__kparams &p, int64_t slice_cap, int xsz,
-                                                          int CL)
-{
-    if (p.table == nullptr && CL == 1)
-        return p.one.hidden * xsz;
-    return slice_cap;
-}
-
-/* Warp 0 starts the copies of tile `tile` (rows row0 .. row0 + RPC - 1 of
- * the launch; this CTA's slice of them) into stage buffer dst, counted on
- * bar. Lanes take rows in turn; lane 0 arrives once every lane has added
- * its bytes. A row (or slice) past the end copies nothing. */
-template <typename TX, int TPR, int NCH, int CL, int RPC>
-__device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile, int rank, unsigned char *dst,
-                                           int64_t rs, uint64_t *bar)
-{
-    constexpr int64_t SLICE = (int64_t)TPR * NCH * 16;
-    const int lane = (int)(threadIdx.x & 31);
-    const int64_t row0 = tile * RPC;
-    if (p.table == nullptr && CL == 1 && p.one.x_stride == p.one.hidden) {
-        /* Contiguous rows of one segment: one copy for the tile. */
-        if (lane == 0) {
-            const int64_t n = (p.total_rows - row0) < RPC ? (p.total_rows - row0) : RPC;
-            const uint32_t bytes = (uint32_t)(n * rs);
-            mbar_expect_tx(bar, bytes);
-            bulk_load(dst, (const TX *)p.one.x + row0 * p.one.hidden, bytes, bar);
-        }
-    } else {
-        for (int g = lane; g < RPC; g += 32) {
-            const int64_t row = row0 + g;
-            if (row >= p.total_rows)
-                break;
-            const lnorm__kseg *s = p.table ? find_seg(p, row) : &p.one;
-            const int64_t r = row - s->row_begin;
-            const int64_t rowb = s->hidden * (int64_t)sizeof(TX);
-            const int64_t off = (int64_t)rank * SLICE;
-            int64_t bytes = rowb - off;
-            if (bytes > SLICE)
-                bytes = SLICE;
-            if (bytes <= 0)
-                continue;
-            mbar_expect_tx(bar, (uint32_t)bytes);
-            bulk_load(dst + g * rs, (const unsigned char *)((const TX *)s->x + r * s->x_stride) + off,
-                      (uint32_t)bytes, bar);
-        }
-        __syncwarp();
-    }
-    if (lane == 0)
-        mbar_arrive(bar);
-}
-
 /* CTA size and register budget of a bulk kernel: the bytes in flight come
  * from the stages, not from registers, so a thread may use more registers
  * than in k_fast (no spills): up to 128 a thread, and at least two
@@ -1369,6 +1307,76 @@ template <int TPR, int NCH, int CL = 1> struct BulkShape {
                                           : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
 
+/* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from global
+ * to this CTA's shared memory; completion is counted on mbarrier b. */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(b))
+                 : "memory");
+}
+
+/* Shared-memory bytes of one staged row (rs) for a launch: the row itself
+ * when every row has the launch's single segment, else the tier's slice
+ * capacity (rows of a table launch may differ in length). Kernels that
+ * read the row from its stage in every pass (smr: the cluster tiers and a
+ * 1024-thread one-CTA tier) always take the capacity: their passes read
+ * every chunk of the slice before the masks drop those past the row's end,
+ * and those reads must stay inside the stage. Host and device compute it
+ * alike. */
+__host__ __device__ __forceinline__ int64_t bulk_row_bytes(const lnorm__kparams &p, int64_t slice_cap, int xsz,
+                                                          int CL, bool smr)
+{
+    if (p.table == nullptr && CL == 1 && !smr)
+        return p.one.hidden * xsz;
+    return slice_cap;
+}
+
+/* Warp 0 starts the copies of tile `tile` (rows row0 .. row0 + RPC - 1 of
+ * the launch; this CTA's slice of them) into stage buffer dst, counted on
+ * bar. Lanes take rows in turn; lane 0 arrives once every lane has added
+ * its bytes. A row (or slice) past the end copies nothing. */
+template <typename TX, int TPR, int NCH, int CL, int RPC>
+__device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile, int rank, unsigned char *dst,
+                                           int64_t rs, uint64_t *bar)
+{
+    constexpr int64_t SLICE = (int64_t)TPR * NCH * 16;
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t row0 = tile * RPC;
+    if (p.table == nullptr && CL == 1 && !BulkShape<TPR, NCH, CL>::smr && p.one.x_stride == p.one.hidden) {
+        /* Contiguous rows of one segment, staged back to back (rs = row
+         * bytes): one copy for the tile. */
+        if (lane == 0) {
+            const int64_t n = (p.total_rows - row0) < RPC ? (p.total_rows - row0) : RPC;
+            const uint32_t bytes = (uint32_t)(n * rs);
+            mbar_expect_tx(bar, bytes);
+            bulk_load(dst, (const TX *)p.one.x + row0 * p.one.hidden, bytes, bar);
+        }
+    } else {
+        for (int g = lane; g < RPC; g += 32) {
+            const int64_t row = row0 + g;
+            if (row >= p.total_rows)
+                break;
+            const lnorm__kseg *s = p.table ? find_seg(p, row) : &p.one;
+            const int64_t r = row - s->row_begin;
+            const int64_t rowb = s->hidden * (int64_t)sizeof(TX);
+            const int64_t off = (int64_t)rank * SLICE;
+            int64_t bytes = rowb - off;
+            if (bytes > SLICE)
+                bytes = SLICE;
+            if (bytes <= 0)
+                continue;
+            mbar_expect_tx(bar, (uint32_t)bytes);
+            bulk_load(dst + g * rs, (const unsigned char *)((const TX *)s->x + r * s->x_stride) + off,
+                      (uint32_t)bytes, bar);
+        }
+        __syncwarp();
+    }
+    if (lane == 0)
+        mbar_arrive(bar);
+}
+
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
 __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR, NCH, CL>::min_blocks)
     k_bulk(const __grid_constant__ lnorm__kparams p, int stages)
@@ -1395,7 +1403,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     if constexpr (CL > 1)
         rank = (int)cg::this_cluster().block_rank();
     const int64_t cid = blockIdx.x / CL, ncl = gridDim.x / CL;
-    const int64_t rs = bulk_row_bytes(p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL);
+    const int64_t rs = bulk_row_bytes(p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL, BulkShape<TPR, NCH, CL>::smr);
     const int64_t stage_bytes = rs * RPC;
     const int64_t ntiles = (p.total_rows + RPC - 1) / RPC;
     const bool multi = p.table != nullptr;
@@ -1524,7 +1532,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     }
     if (lnorm__bulk_ctas_override > 0 && lnorm__bulk_ctas_override < occ)
         occ = lnorm__bulk_ctas_override;
-    const int64_t rs = bulk_row_bytes(*p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL);
+    const int64_t rs = bulk_row_bytes(*p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL, BulkShape<TPR, NCH, CL>::smr);
     const int64_t stage_bytes = rs * RPC;
     /* Every CTA the registers allow, and as many stages as the per-SM
      * budget gives each (at least 2): shared memory beyond the budget is
