@@ -67,8 +67,9 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * against concurrent launches): "bulk" 0/1/2 (the bulk-copy kernels: off,
  * where they pay (default), wherever rows allow), "bulk_stages" 0 or 2..8 (stages per CTA, 0 = chosen per launch),
  * "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none), "bulk_smem_kb"
- * 16..200 (shared memory per SM the stages of the one-CTA tiers may use,
- * default 64; the cluster tiers' CTAs share all of an SM's), "fast_grid"
+ * 16..200 (shared memory per SM the stages of the one-CTA tiers up to 512
+ * threads a row may use, default 64; the 1024-thread tiers, cluster or
+ * not, take all of an SM's), "fast_grid"
  * 0/1/2 (grid of the fast kernels: by tier (default), persistent CTAs, one
  * tile per CTA), "fast_aligned" 0/1/2 (the straight-line form of the fast
  * kernel for segments whose x, y, gamma and beta are 16-byte aligned and

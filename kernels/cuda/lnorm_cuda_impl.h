@@ -133,7 +133,7 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_TIERSET
 #define LNORM_CUDA_TIERSET 7
 #endif
-/* Tier 14 of tier sets 3, 5 and 6 (f32 H = 262144, 16-bit H = 524288): 1024 x 4
+/* Tier 14 of tier sets 3, 5, 6 and 7 (f32 H = 262144, 16-bit H = 524288): 1024 x 4
  * over 16 CTAs (LNORM_CUDA_T14_1024, default since session 7), or 512 x 8:
  * the same 64 KiB slice a CTA (one CTA an SM either way: three stages of
  * it fill the SM's shared memory), with twice the warps and the gamma/beta
@@ -149,7 +149,8 @@ typedef struct lnorm__kparams {
 #define LNORM__TIER14(X) X(14, 512, 8, 16)
 #endif
 #if LNORM_CUDA_TIERSET == 5
-/* Tier set 5 (default since 2026-11-30, session 7): one 1024 x 4 CTA an SM
+/* Tier set 5 (A/B builds only since set 7 became the default, later in
+ * session 7 of 2026-11-30): one 1024 x 4 CTA an SM
  * from tier 12 up (clusters of 4, 8 and 16: a CTA's slice of a row is
  * 64 KiB of shared memory, three stages of it fill the SM), so an SM has
  * half as many cluster reductions per byte as with two 512 x 4 CTAs.
@@ -176,8 +177,14 @@ typedef struct lnorm__kparams {
     X(13, 1024, 4, 8)    \
     LNORM__TIER14(X)
 #elif LNORM_CUDA_TIERSET == 7
-/* Tier set 7 (A/B builds only): set 6 with tier 10 as one 1024 x 4 CTA
- * (the bulk kernel with the row in shared memory, CTA reductions). */
+/* Tier set 7 (the default since 2026-11-30, session 7): set 6 with tier 10
+ * as one 1024 x 4 CTA (the bulk kernel with the row in shared memory, CTA
+ * reductions). Against set 5, same run on the H200 (bench/results/
+ * kernels-2026-11-30-56652bc-ab.log): bf16 LayerNorm H = 32768 / 65536
+ * 3333 / 3128 GB/s against 3071 / 2745, bf16 RMSNorm 3674 / 3628 against
+ * 3542 / 3536, f32 LayerNorm H = 16384 / 32768 3710 / 3719 against
+ * 3645 / 3560, f32 RMSNorm +1%. So every tier from 10 up is one
+ * 1024-thread CTA an SM with a 64 KiB slice of the row. */
 #define LNORM__TIERS_CLU(X)  \
     X(10, 1024, 4, 1)    \
     X(11, 1024, 4, 2)    \
@@ -225,6 +232,16 @@ typedef struct lnorm__kparams {
  * numbers), shapes that differ where LNORM__TIERS_CTA_F32 says so. */
 #define LNORM__TIERS(X) LNORM__TIERS_CTA(X) LNORM__TIERS_CLU(X)
 #define LNORM__TIERS_F32(X) LNORM__TIERS_CTA_F32(X) LNORM__TIERS_CLU(X)
+
+/* The bulk kernels of a tier read the row from its shared-memory stage in
+ * every pass instead of holding it in registers (SMR) in the cluster tiers
+ * and in a one-CTA tier of 1024 threads a row (one CTA an SM, whose
+ * registers cannot hold the row): host (policy) and kernels decide alike.
+ * LNORM_CUDA_CLU_SMEM 0 (A/B builds): never. */
+#ifndef LNORM_CUDA_CLU_SMEM
+#define LNORM_CUDA_CLU_SMEM 1
+#endif
+#define LNORM__SMR(tpr, cl) (((cl) > 1 || (tpr) >= 1024) && LNORM_CUDA_CLU_SMEM)
 
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
 #define LNORM__NREG_TIERS 15

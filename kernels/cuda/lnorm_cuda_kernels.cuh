@@ -1048,7 +1048,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         } else if constexpr (SMR) {
             /* Every stage of an SMR kernel holds the whole slice capacity
              * (bulk_row_bytes), so a chunk past the row's end reads stale
-             * bytes inside the stage, which the masks then drop. */
+             * (or never written) bytes inside the stage, which the c0 < H
+             * tests of the passes then leave out. */
             unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
         } else {
             unpack<TX>(raw[j], f);
@@ -1280,13 +1281,12 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
 /* CTA size and register budget of a bulk kernel: the bytes in flight come
  * from the stages, not from registers, so a thread may use more registers
  * than in k_fast (no spills): up to 128 a thread, and at least two
- * 256-thread CTAs per SM (one CTA alone leaves its reductions and stores
- * unoverlapped: measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy).
- * 4-chunk cluster kernels (rows in shared memory, SMR): 64 a thread, so
- * that 2048 threads an SM are resident. */
-#ifndef LNORM_CUDA_CLU_SMEM
-#define LNORM_CUDA_CLU_SMEM 1 /* cluster bulk kernels re-read the row from shared memory in each pass */
-#endif
+ * 256-thread CTAs per SM in the one-CTA tiers that hold the row in
+ * registers (one CTA alone left its reductions and stores unoverlapped:
+ * measured 2026-11-29, bf16 H = 16384 fell to 0.33 of copy). 4-chunk
+ * cluster kernels (rows in shared memory, SMR): 64 a thread, which with the
+ * 1024-thread CTAs of tier set 7 is one CTA an SM (as for the one-CTA
+ * 1024-thread tier, whose launch bounds give it 64 too). */
 #ifndef LNORM_CUDA_BULK_XW
 #define LNORM_CUDA_BULK_XW 1 /* k_bulk's statistics without element masks (its rows are whole 16-byte units) */
 #endif
@@ -1301,7 +1301,7 @@ template <int TPR, int NCH, int CL = 1> struct BulkShape {
     /* The row read from its stage in each pass (SMR): the cluster tiers
      * and a one-CTA tier of 1024 threads a row (one CTA an SM, whose
      * registers cannot hold the row). */
-    static constexpr bool smr = (CL > 1 || TPR >= 1024) && LNORM_CUDA_CLU_SMEM;
+    static constexpr bool smr = LNORM__SMR(TPR, CL);
     static constexpr int min_blocks = (CL > 1 && NCH <= 4)
                                           ? 65536 / (block * LNORM_CUDA_CLU_REGS)
                                           : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
@@ -1385,10 +1385,10 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     static_assert(CL == 1 || RPC == 1, "a cluster tier holds one row per CTA");
-    /* SMR (cluster tiers): every pass reads the row from its stage in
+    /* SMR (BulkShape::smr): every pass reads the row from its stage in
      * shared memory instead of holding it in registers, and the stage is
      * refilled once the row is written (the launcher gives these kernels
-     * three stages or more where they fit). */
+     * three stages where they fit; two can be forced). */
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
@@ -1490,7 +1490,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
 
 /* Largest dynamic shared memory of one bulk CTA (dynamic + static must stay
  * under the 227 KiB opt-in of sm_90). The per-SM budget the launcher plans
- * with is lnorm__bulk_smem_kb (lnorm_cuda_set_tuning "bulk_smem_kb"). */
+ * with is lnorm__bulk_smem_kb (lnorm_cuda_set_tuning "bulk_smem_kb") for
+ * kernels that hold the row in registers, the whole SM for SMR kernels. */
 #define LNORM__BULK_SMEM_CTA (200 * 1024)
 #define LNORM__BULK_SMEM_SM (227 * 1024) /* shared memory of an sm_90 SM that CTAs may use */
 
@@ -1538,10 +1539,11 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * budget gives each (at least 2): shared memory beyond the budget is
      * left to the L1 cache, where gamma/beta are read from by every row
      * (measured 2026-11-29: more stages at the cost of L1 were slower). */
-    /* Cluster tiers: two CTAs an SM (registers) share all of its shared
-     * memory, for three stages each where they fit (SMR holds a stage
-     * through the whole row), less each CTA's static shared memory and the
-     * 1 KiB the SM reserves per CTA. */
+    /* SMR kernels (BulkShape::smr): the CTAs the registers allow (one of
+     * 1024 threads in tier set 7) share all of the SM's shared memory, for
+     * three stages each where they fit (SMR holds a stage through the
+     * whole row), less each CTA's static shared memory and the 1 KiB the SM
+     * reserves per CTA; "bulk_smem_kb" does not apply to them. */
     constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + 8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;

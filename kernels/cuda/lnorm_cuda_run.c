@@ -153,19 +153,24 @@ static int lnorm__al_pays(const lnorm_segment *s)
 }
 
 /* Where the bulk kernels beat k_fast (H200; bit-identical either way):
- * every cluster tier (k_fast has none; 1.4-1.8x the general cluster
- * kernel), and LayerNorm with 16-bit x in the 4-chunk tiers up to 512
- * threads a row (H <= 16384 in bf16/f16; bench/results/
+ * every tier whose bulk kernel reads the row from shared memory (SMR: the
+ * cluster tiers, k_fast has none, 1.4-1.8x the general cluster kernel; the
+ * 1024-thread one-CTA tier 10 of tier set 7, 3327 GB/s against 2686 for
+ * k_fast at bf16 LayerNorm H = 32768, bench/results/
+ * kernels-2026-11-30-1986cc8.json), and LayerNorm with 16-bit x in the
+ * 4-chunk tiers up to 512 threads a row (H <= 16384 in bf16/f16;
  * kernels-2026-11-30-f32reg.json: 3490-3550 GB/s in bf16 at H = 128-8192,
  * where k_fast ran 3100-3400 in kernels-2026-11-30-{6730fed,efbbaf2}.json;
  * 3050 against 2920 at H = 16384). Not for f32 x (k_fast 4007-4021 GB/s
  * at H = 1024-4096 against 3673-3682) nor RMSNorm (k_fast 3-13% faster),
- * nor the 1024-thread tier (bulk 1247 against 2457). */
+ * nor a 1024-thread tier without SMR (bulk 1247 against 2457, 2026-11-29). */
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
     const lnorm__tier_shape *t = lnorm__shape(s->x_dtype, tier);
-    if (t->cl > 1 || t->tpr >= 1024) /* a 1024-thread tier reads its row from shared memory (SMR) */
+    if (LNORM__SMR(t->tpr, t->cl))
         return 1;
+    if (t->tpr >= 1024)
+        return 0;
     if (t->nch != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
     return t->tpr <= 512;
@@ -194,9 +199,11 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return LNORM__FAST_NONE;
     if (lnorm__bulk_enabled == 2 && lnorm__bulk_ok(s))
         return v | LNORM__FAST_BULK;
-    const int cl = lnorm__shape(s->x_dtype, tier)->cl;
-    const int smr = cl > 1 || lnorm__shape(s->x_dtype, tier)->tpr >= 1024; /* k_bulk's row-in-shared-memory tiers */
-    if (!smr && lnorm__fast_aligned && lnorm__al_ok(s) &&
+    const lnorm__tier_shape *sh = lnorm__shape(s->x_dtype, tier);
+    const int cl = sh->cl;
+    /* Not in the bulk kernels' row-in-shared-memory tiers (which take the
+     * bulk form where rows allow). */
+    if (!LNORM__SMR(sh->tpr, cl) && cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
         (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
         return v | LNORM__FAST_AL;
     if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))

@@ -12,7 +12,9 @@
  *     16-byte units (by default for every op and dtype but RMSNorm with
  *     16-bit x, LNORM_CUDA_AL_POLICY 3; policy 1: only LayerNorm with
  *     16-bit x; policy 2: everywhere), never in
- *     a cluster tier, never together with the bulk form; the bulk form only
+ *     a cluster tier or the 1024-thread one-CTA tier (their bulk kernels
+ *     hold the row in shared memory: the bulk form by default), never
+ *     together with the bulk form; the bulk form only
  *     for rows that start 16-byte aligned and are whole 16-byte units;
  *   - a batch: one launch per (dtype, tier, variant) group, each segment in
  *     exactly one launch, the table entries of a launch in its rows order,
@@ -227,6 +229,12 @@ static void variants(void)
     /* fast_aligned 1 for 16-bit RMSNorm (AR) and for f32 (AF): the policy's choice. */
     const int AR = LNORM_CUDA_AL_POLICY == 2 ? AL : PLAIN;
     const int AF = LNORM_CUDA_AL_POLICY >= 2 ? AL : PLAIN;
+    /* Tier 10 (H <= 32768 16-bit, <= 16384 f32): one 1024-thread CTA whose
+     * bulk kernel holds the row in shared memory in tier sets 0 and 7 (the
+     * bulk form wherever rows allow, never AL), a 2-CTA cluster in the
+     * others; without the bulk form: k_fast (one CTA) or the general
+     * cluster kernel. */
+    const int T10 = lnorm__shape(LNORM_DTYPE_BF16, 10)->cl == 1 ? PLAIN : NO;
     struct {
         const char *name;
         lnorm_segment s;
@@ -241,6 +249,9 @@ static void variants(void)
         {"bf16 LN H=1024 x misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 2, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
         {"bf16 LN H=1004 (not whole units)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1004, 0, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
         {"bf16 LN H=65536 (cluster) aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 65536, 0, 0, 0), {BU, BU, BU, NO, BU}},
+        {"bf16 RMS H=20000 (tier 10) aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 20000, 0, 0, 0), {BU, BU, BU, T10, BU}},
+        {"f32 LN H=16384 (tier 10) aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 2, 16384, 0, 0, 0), {BU, BU, BU, T10, BU}},
+        {"bf16 LN H=20000 (tier 10) x misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 20000, 2, 0, 0), {T10, T10, T10, T10, T10}},
         {"bf16 RMS H=65536 (cluster) x misaligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 65536, 2, 0, 0), {NO, NO, NO, NO, NO}},
     };
     static const int set[5][2] = {{1, 1}, {1, 0}, {1, 2}, {0, 2}, {2, 1}};
@@ -269,7 +280,9 @@ static void variants(void)
     CHECK(lnorm_cuda_set_tuning("fast_aligned", 3) == LNORM_EINVAL, "fast_aligned 3 must be refused");
     /* "defaults" puts every knob back (bench/kernels.py resets with it after each variant). */
     tune(0, 0);
-    lnorm_cuda_set_tuning("bulk_stages", 2);
+    CHECK(!lnorm_cuda_set_tuning("bulk_stages", 2) && !lnorm_cuda_set_tuning("bulk_ctas", 3) &&
+              !lnorm_cuda_set_tuning("bulk_smem_kb", 100) && !lnorm_cuda_set_tuning("fast_grid", 2),
+          "knobs must take their settings");
     CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults 0 must be accepted");
     CHECK(lnorm__bulk_enabled == 1 && lnorm__fast_aligned == LNORM_CUDA_FAST_ALIGNED &&
               lnorm__bulk_stages_override == 0 && lnorm__bulk_ctas_override == 0 && lnorm__bulk_smem_kb == 64 &&

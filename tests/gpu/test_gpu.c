@@ -512,6 +512,101 @@ static void batch_invariance(lnorm_rng *g)
     }
 }
 
+/* Rows of different lengths in one bulk launch of the 1024-thread one-CTA
+ * tier (tier 10: its stages hold the slice capacity and every pass reads
+ * the row from shared memory) and of the 2-CTA cluster tier, through the
+ * device table: bf16 and f32 segments shorter than and as long as the
+ * tier's capacity, contiguous and padded. Each segment is checked against
+ * the float64 reference alone (a launch of one segment), and must give the
+ * same bits in the batch (two bulk launches, one a dtype). */
+static void bulk_table(lnorm_rng *g)
+{
+    enum { NS = 6 };
+    static const int64_t hs[NS] = {20000, 32768, 24576, 12000, 16384, 40000};
+    static const int xs[NS] = {LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16,
+                               LNORM_DTYPE_F32,  LNORM_DTYPE_F32,  LNORM_DTYPE_F32};
+    lnorm_test_case tc[NS];
+    lnorm_gpu_case gc[NS];
+    outs alone[NS];
+    long fails = 0;
+    int ok = 1;
+    memset(tc, 0, sizeof tc);
+    memset(gc, 0, sizeof gc);
+    memset(alone, 0, sizeof alone);
+    for (int i = 0; i < NS && ok; i++) {
+        lnorm_test_case_cfg c = {0};
+        c.op = LNORM_OP_LAYERNORM;
+        c.x_dtype = xs[i];
+        c.param_dtype = xs[i];
+        c.gamma = c.beta = 1;
+        c.stats = 1;
+        c.x_mean = 0.5 + i;
+        c.x_spread = 1.5;
+        c.hidden = hs[i];
+        c.rows = 3 + i;
+        c.pad = i % 2 ? (int64_t)(32 / lnorm_dtype_size(xs[i])) : 0; /* aligned padded stride */
+        ok = lnorm_test_case_make(&tc[i], &c, g) == LNORM_OK && lnorm_gpu_case_make(&gc[i], &tc[i], 0) == LNORM_OK;
+    }
+    lnorm_cuda_ws *ws = NULL;
+    if (ok)
+        ok = lnorm_cuda_ws_create(&ws, 8) == LNORM_OK;
+    const char *why = NULL;
+    char label[128];
+    for (int i = 0; i < NS && ok; i++) {
+        snprintf(label, sizeof label, "bulk table: alone, x=%s H=%lld", lnorm_dtype_name(xs[i]), (long long)hs[i]);
+        ok = lnorm_cuda_run_segment(&gc[i].seg, NULL, &why) == LNORM_OK && lnorm_gpu_case_fetch(&gc[i], &tc[i]) == LNORM_OK &&
+             outs_take(&alone[i], &tc[i]) == 0;
+        if (ok && (lnorm_test_check_segment(&tc[i].seg, NULL, label) || lnorm_test_case_pad_writes(&tc[i])))
+            fails++;
+    }
+    lnorm_segment segs[NS];
+    for (int i = 0; i < NS && ok; i++) {
+        lnorm_gpu_case_free(&gc[i]);
+        lnorm_test_case_repoison(&tc[i]);
+        ok = lnorm_gpu_case_make(&gc[i], &tc[i], 0) == LNORM_OK;
+        segs[i] = gc[i].seg;
+    }
+    if (ok) {
+        lnorm_batch b = {segs, NS};
+        const int nl = lnorm_cuda_launch_count(&b);
+        const long nb = lnorm_cuda_stat("bulk_launches");
+        int err = lnorm_cuda_run(&b, NULL, ws, &why);
+        const long ran = lnorm_cuda_stat("bulk_launches") - nb;
+        if (err) {
+            fprintf(stderr, "FAIL bulk table: %s (%s)\n", lnorm_errname(err), why ? why : "");
+            fails++;
+        } else if (nl != 3 || ran != 3) {
+            /* bf16 H <= 32768 (tier 10), f32 H <= 16384 (tier 10), f32 H = 40000 (a cluster tier) */
+            fprintf(stderr, "FAIL bulk table: %d launches, %ld of them bulk; expected 3 bulk launches\n", nl, ran);
+            fails++;
+        }
+        for (int i = 0; i < NS && !err; i++) {
+            if (lnorm_gpu_case_fetch(&gc[i], &tc[i])) {
+                ok = 0;
+                break;
+            }
+            if (!outs_same(&alone[i], &tc[i]) || lnorm_test_case_pad_writes(&tc[i])) {
+                fprintf(stderr, "FAIL bulk table: segment %d (x=%s H=%lld) differs in the batch\n", i,
+                        lnorm_dtype_name(xs[i]), (long long)hs[i]);
+                fails++;
+            }
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "FAIL bulk table: setup or CUDA failure\n");
+        fails++;
+    }
+    g_cases++;
+    g_fails += fails != 0;
+    printf("bulk table: %s\n", fails ? "FAIL" : "ok");
+    lnorm_cuda_ws_destroy(ws);
+    for (int i = 0; i < NS; i++) {
+        outs_free(&alone[i]);
+        lnorm_gpu_case_free(&gc[i]);
+        lnorm_test_case_free(&tc[i]);
+    }
+}
+
 /* The bulk-copy pipeline (k_bulk) in its steady state: enough rows that
  * every CTA wraps around its ring of stages several times (few CTAs per SM
  * and two stages forced through lnorm_cuda_set_tuning, then the launcher's
@@ -723,6 +818,7 @@ int main(int argc, char **argv)
     batch_invariance(&g);
     fast_vs_general(&g, quick);
     bulk_pipeline(&g, quick);
+    bulk_table(&g);
     sweep(&g, quick);
     lnorm_cpu_destroy(g_cpu);
     printf("%s: %ld cases (%ld also against the CPU backend, %ld also misaligned), %ld failed\n",
