@@ -241,7 +241,10 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_CLU_SMEM
 #define LNORM_CUDA_CLU_SMEM 1
 #endif
-#define LNORM__SMR(tpr, cl) (((cl) > 1 || (tpr) >= 1024) && LNORM_CUDA_CLU_SMEM)
+#ifndef LNORM_CUDA_SMR_MIN_TPR
+#define LNORM_CUDA_SMR_MIN_TPR 1024 /* one-CTA tiers from this many threads a row are SMR (A/B: 512) */
+#endif
+#define LNORM__SMR(tpr, cl) (((cl) > 1 || (tpr) >= LNORM_CUDA_SMR_MIN_TPR) && LNORM_CUDA_CLU_SMEM)
 
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
 #define LNORM__NREG_TIERS 15
