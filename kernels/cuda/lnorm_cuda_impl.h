@@ -237,14 +237,14 @@ typedef struct lnorm__kparams {
  * every pass instead of holding it in registers (SMR) in the cluster tiers
  * and in a one-CTA tier of 1024 threads a row (one CTA an SM, whose
  * registers cannot hold the row): host (policy) and kernels decide alike.
- * LNORM_CUDA_CLU_SMEM 0 (A/B builds): never. */
+ * LNORM_CUDA_CLU_SMEM 0 (A/B builds): never. (The 512-thread tier 9 in
+ * this form, two CTAs an SM at 64 registers, was 8-10% slower than k_fast:
+ * bf16 LayerNorm H = 16384 3308 against 3648 GB/s, f32 H = 8192 3663
+ * against 3984; H200, bench/results/kernels-2026-11-30-f651a5c-ab.log.) */
 #ifndef LNORM_CUDA_CLU_SMEM
 #define LNORM_CUDA_CLU_SMEM 1
 #endif
-#ifndef LNORM_CUDA_SMR_MIN_TPR
-#define LNORM_CUDA_SMR_MIN_TPR 1024 /* one-CTA tiers from this many threads a row are SMR (A/B: 512) */
-#endif
-#define LNORM__SMR(tpr, cl) (((cl) > 1 || (tpr) >= LNORM_CUDA_SMR_MIN_TPR) && LNORM_CUDA_CLU_SMEM)
+#define LNORM__SMR(tpr, cl) (((cl) > 1 || (tpr) >= 1024) && LNORM_CUDA_CLU_SMEM)
 
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
 #define LNORM__NREG_TIERS 15
