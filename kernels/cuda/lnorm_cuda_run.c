@@ -58,14 +58,17 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
     return t;
 }
 
-int lnorm__bulk_enabled = 1;
-int lnorm__bulk_stages_override = 0;
-int lnorm__bulk_ctas_override = 0;
-int lnorm__bulk_smem_kb = 64;
-int lnorm__fast_grid = 0;
 #ifndef LNORM_CUDA_FAST_ALIGNED
 #define LNORM_CUDA_FAST_ALIGNED 1 /* initial "fast_aligned" (A/B builds may start elsewhere) */
 #endif
+/* The knobs' initial values (lnorm_cuda_set_tuning "defaults" restores them). */
+#define LNORM__INIT_BULK 1
+#define LNORM__INIT_BULK_SMEM_KB 64
+int lnorm__bulk_enabled = LNORM__INIT_BULK;
+int lnorm__bulk_stages_override = 0;
+int lnorm__bulk_ctas_override = 0;
+int lnorm__bulk_smem_kb = LNORM__INIT_BULK_SMEM_KB;
+int lnorm__fast_grid = 0;
 int lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
 long lnorm__al_launches = 0;
 long lnorm__bulk_launches = 0;
@@ -87,10 +90,10 @@ int lnorm_cuda_set_tuning(const char *name, int value)
     if (!name)
         return LNORM_EINVAL;
     if (!strcmp(name, "defaults") && value == 0) {
-        lnorm__bulk_enabled = 1;
+        lnorm__bulk_enabled = LNORM__INIT_BULK;
         lnorm__bulk_stages_override = 0;
         lnorm__bulk_ctas_override = 0;
-        lnorm__bulk_smem_kb = 64;
+        lnorm__bulk_smem_kb = LNORM__INIT_BULK_SMEM_KB;
         lnorm__fast_grid = 0;
         lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
     } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
@@ -169,8 +172,6 @@ static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
     const lnorm__tier_shape *t = lnorm__shape(s->x_dtype, tier);
     if (LNORM__SMR(t->tpr, t->cl))
         return 1;
-    if (t->tpr >= 1024)
-        return 0;
     if (t->nch != 4 || s->op != LNORM_OP_LAYERNORM || s->x_dtype == LNORM_DTYPE_F32)
         return 0;
     return t->tpr <= 512;
