@@ -1302,7 +1302,7 @@ template <int TPR, int NCH, int CL = 1> struct BulkShape {
      * and a one-CTA tier of 1024 threads a row (one CTA an SM, whose
      * registers cannot hold the row). */
     static constexpr bool smr = LNORM__SMR(TPR, CL);
-    static constexpr int min_blocks = (LNORM__SMR(TPR, CL) && NCH <= 4)
+    static constexpr int min_blocks = (smr && NCH <= 4)
                                           ? 65536 / (block * LNORM_CUDA_CLU_REGS)
                                           : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
