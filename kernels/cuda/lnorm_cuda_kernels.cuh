@@ -43,6 +43,25 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+/* bf16 -> fp32 is exact: the 16 bits become the high half of the float.
+ * With LNORM_CUDA_BF16_BITS (default) a 16-byte chunk of bf16 is unpacked
+ * by bit operations, one instruction an element (w << 16, w & 0xffff0000);
+ * the conversion through __nv_bfloat16 elements (0) took two for every
+ * element in a high half (PRMT, then a shift: ncu source view of the
+ * LayerNorm cluster kernel, 2026-11-30). Same values, same bits. */
+#ifndef LNORM_CUDA_BF16_BITS
+#define LNORM_CUDA_BF16_BITS 1
+#endif
+__device__ __forceinline__ void bf16x8_to_f(const uint4 &u, float (&f)[8])
+{
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
 /* N elements of T as one aligned aggregate (one vector access). */
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
     T e[N];
@@ -60,18 +79,26 @@ template <typename T, int N> __device__ __forceinline__ bool chunk_aligned(const
 }
 
 /* Load the N-element chunk starting at column c0 of row p as fp32; columns
- * >= H read as 0. al: p is chunk_aligned. */
-template <typename T, int N>
+ * >= H read as 0. al: p is chunk_aligned. BITS: as unpack (below). */
+template <typename T, int N, bool BITS = false>
 __device__ __forceinline__ void load_chunk(const T *p, int c0, int H, bool al, float (&v)[N])
 {
     constexpr int S = Sub<T, N>::value;
     if (al && c0 + N <= H) {
 #pragma unroll
         for (int s = 0; s < N; s += S) {
-            const Pack<T, S> pk = *reinterpret_cast<const Pack<T, S> *>(p + c0 + s);
+            if constexpr (BITS && LNORM_CUDA_BF16_BITS && std::is_same<T, __nv_bfloat16>::value && S == 8) {
+                float e[8];
+                bf16x8_to_f(*reinterpret_cast<const uint4 *>(p + c0 + s), e);
 #pragma unroll
-            for (int k = 0; k < S; k++)
-                v[s + k] = to_f<T>(pk.e[k]);
+                for (int k = 0; k < 8; k++)
+                    v[s + k] = e[k];
+            } else {
+                const Pack<T, S> pk = *reinterpret_cast<const Pack<T, S> *>(p + c0 + s);
+#pragma unroll
+                for (int k = 0; k < S; k++)
+                    v[s + k] = to_f<T>(pk.e[k]);
+            }
         }
     } else {
 #pragma unroll
@@ -185,18 +212,6 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
                  : "memory");
 }
 
-/* As st_async_peer, for 16 bytes (counted as 16 on the peer's barrier). */
-__device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *bar, uint32_t peer)
-{
-    uint32_t rd, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                     rd),
-                 "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
-                 : "memory");
-}
-
 /* Cluster reduction state of one CTA (NW warps, cluster of CL CTAs). Each
  * reduction n takes buffer b = n % LNORM__CRB: warp w of CTA k stores its
  * partial into slot[b][k][w] of every CTA of the cluster (st_async_peer),
@@ -217,25 +232,14 @@ __device__ __forceinline__ void st_async_peer4(float4 *dst, float4 v, uint64_t *
  * the cluster bulk kernels; a separate array per buffer layout, or a flat
  * slot array, spilled.) */
 #define LNORM__CRB 3
-template <int W> struct SlotOf {
-    typedef float type;
-};
-template <> struct SlotOf<4> {
-    typedef float4 type;
-};
-/* W: floats a slot. 1 (sums) everywhere but in the LayerNorm kernels of
- * the one-row-a-CTA tiers with warp statistics (WStat, row_stat), whose
- * slots hold a warp's partial statistics (16 bytes). A sum in a 16-byte
- * slot is its .x (16-byte slots for sums: f32 H = 262144 6% slower,
- * session 6). */
-template <int CL, int NW, int W = 1> struct ClusterRed {
+template <int CL, int NW> struct ClusterRed {
     uint64_t bar[LNORM__CRB];
-    typename SlotOf<W>::type slot[LNORM__CRB][CL][NW];
+    float slot[LNORM__CRB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
 };
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
  * the cluster (no CTA may store into a peer's barrier before its init). */
-template <int CL, int NW, int W> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW, W> *cr)
+template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW> *cr)
 {
     if (threadIdx.x == 0) {
         for (int i = 0; i < LNORM__CRB; i++)
@@ -253,29 +257,73 @@ template <int CL, int NW, int W> __device__ __forceinline__ void cluster_red_ini
  * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
  * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
  * every warp of the cluster does the same operations in the same order. */
-template <int TPR, int BLOCK, int CL, int W = 1>
+/* LNORM_CUDA_CLU_HIER (A/B builds until measured): a cluster reduction
+ * in two levels. The warps' partials go to the CTA's shared memory, one
+ * CTA barrier, warp w < CL sums the CTA's NW partials (lane l reads one,
+ * a shuffle tree) and sends that CTA total to CTA w, and each
+ * warp reads the CL totals (lane k: CTA k's) and sums them by a shuffle
+ * tree. Each warp then reads 2 slots instead of CL x NW / 32 (which at
+ * CL = 16 made the slot reads ~40% of the shared-memory wavefronts of f32
+ * LayerNorm H = 262144, ncu 2026-11-30) and a CTA receives CL stores a
+ * reduction instead of CL x NW. Buffers: warp w sends reduction n after
+ * the CTA barrier of n, which every warp passes only once it has read
+ * n - 1; so a peer's send of n + 2 (after its barrier of n + 2, hence
+ * after reduction n + 1 completed there, which needed this CTA's send
+ * of n + 1, made after this CTA's barrier of n + 1) comes after every
+ * warp here read n: the three buffers of ClusterRed suffice, as does
+ * red's double buffer. */
+#ifndef LNORM_CUDA_CLU_HIER
+#define LNORM_CUDA_CLU_HIER 0
+#endif
+template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
 #pragma unroll
     for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
         x += __shfl_xor_sync(0xffffffffu, x, m);
-    if constexpr (CL > 1) {
+    if constexpr (CL > 1 && LNORM_CUDA_CLU_HIER) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
         constexpr int NW = BLOCK / 32;
-        ClusterRed<CL, NW, W> *cr = static_cast<ClusterRed<CL, NW, W> *>(crv);
+        static_assert(NW <= 32 && CL <= NW, "one slot a lane");
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
+        const int b = par % LNORM__CRB;
+        const int lane = (int)(threadIdx.x & 31);
+        const int w = (int)(threadIdx.x / 32);
+        if (lane == 0)
+            red[par & 1][w] = x;
+        if (threadIdx.x == 0)
+            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * sizeof(float)));
+        __syncthreads();
+        if (w < CL) { /* warp w sends the CTA's total to CTA w */
+            float c = lane < NW ? red[par & 1][lane] : 0.0f;
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1)
+                c += __shfl_xor_sync(0xffffffffu, c, m);
+            if (lane == 0)
+                st_async_peer(&cr->slot[b][0][rank], c, &cr->bar[b], (uint32_t)w);
+        }
+        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+        float v = lane < CL ? cr->slot[b][0][lane] : 0.0f;
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, m);
+        x = v;
+    } else if constexpr (CL > 1) {
+        static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
+        constexpr int NW = BLOCK / 32;
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
         const int b = par % LNORM__CRB;
         const int lane = (int)(threadIdx.x & 31);
         if (threadIdx.x == 0)
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
         if (lane < CL)
-            st_async_peer(reinterpret_cast<float *>(&cr->slot[b][rank][threadIdx.x / 32]), x, &cr->bar[b],
-                          (uint32_t)lane);
+            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
         mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
         float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < (CL * NW + 31) / 32; i++)
             if (i * 32 + lane < CL * NW)
-                v += reinterpret_cast<const float *>(&cr->slot[0][0][0])[(b * CL * NW + i * 32 + lane) * W];
+                v += (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane];
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -294,144 +342,28 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
     return x;
 }
 
-/* LayerNorm statistics in one reduction (warp statistics, WStat) in the
- * tiers of one row a CTA and 1024 threads or a cluster (10-14). Each warp
- * reduces its own elements two-pass: the sum s_w of h - K (the thread sums
- * and shuffle tree of group_sum), its count n_w and mean mu_w = s_w / n_w,
- * then the sum m_w of squared deviations from mu_w. One reduction (CTA or
- * cluster) gathers (s_w, m_w, mu_w, n_w) of every warp of the row; each
- * warp then sums the s_w as group_sum does (the same order: lane l takes
- * slots l, l + 32, ..., then a shuffle tree), so the mean d = S / H has
- * the bits of the two-reduction form, and the centred sum of squares is
- * M = sum of m_w + n_w (mu_w - d)^2 over the warps (the two-pass merge of
- * centred partials: no squared difference of sums, whose range the
- * pairwise Chan merge of session 6 exceeded). Every warp of the row does
- * the same operations in the same order, in every kernel that runs these
- * tiers (k_bulk, k_fast, k_reg): a row gives the same bits through each.
- * It saves LayerNorm one CTA / cluster reduction a row, the one whose wait
- * nothing overlaps when an SM holds a single 1024-thread CTA. */
-#ifndef LNORM_CUDA_WSTAT
-#define LNORM_CUDA_WSTAT 1
-#endif
-template <int TPR, int CL> struct WStat {
-    static constexpr bool value = LNORM_CUDA_WSTAT != 0 && (CL > 1 || TPR >= 1024);
-};
-
-/* Sum over a warp (every lane gets the same value): group_sum's first tree. */
-__device__ __forceinline__ float warp_sum(float x)
-{
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, m);
-    return x;
-}
-
-/* How many of a row's H elements the warp of thread t (CTA rank of the
- * cluster) holds, in the column mapping of the file header. REDUX: each
- * thread counts its own and the warp adds them (__reduce_add_sync; k_reg,
- * which spilled 0.5 KiB with the other form); else every lane works out
- * the warp's count from the mapping (fast_row). Same integer either way. */
-template <int TPR, int NCH, int VEC, bool REDUX> __device__ __forceinline__ int warp_count(int H, int rank, int t)
-{
-    int n = 0;
-    if constexpr (REDUX) {
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c = H - ((rank * NCH + j) * TPR + t) * VEC;
-            n += c < 0 ? 0 : (c > VEC ? VEC : c);
-        }
-        return (int)__reduce_add_sync(0xffffffffu, (unsigned)n);
-    } else {
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            int c = H - ((rank * NCH + j) * TPR + (t & ~31)) * VEC;
-            c = c < 0 ? 0 : (c > 32 * VEC ? 32 * VEC : c);
-            n += c;
-        }
-        return n;
-    }
-}
-
-/* The warp's mean s / n (the IEEE quotient), 0 for a warp without
- * elements. (__fdividef instead made the LayerNorm bulk kernels spill
- * 60-140 bytes under their 64-register budget, ptxas 13.0.) */
-__device__ __forceinline__ float warp_mean(float s, int n)
-{
-    return n > 0 ? __fdiv_rn(s, (float)n) : 0.0f;
-}
-
-/* A 16-byte shared-memory load the compiler neither merges with an earlier
- * load of the same address nor moves. */
-__device__ __forceinline__ float4 lds4(const float4 *p)
-{
-    float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(smem_addr(p)));
-    return v;
-}
-
-/* The row's mean of h - K (.x) and centred sum of squares (.y) from every
- * warp's (s, m, mu, n) (see WStat): one reduction over the CTA (CL == 1:
- * shared slots and one CTA barrier) or the cluster (st.async to every CTA,
- * as group_sum). crv: a ClusterRed<CL, NW, 4>; par as group_sum. */
-template <int CL, int NW>
-__device__ __forceinline__ float2 row_stat(float s, float m, float mu, int n, void *crv, int rank, int par, int H)
-{
-    ClusterRed<CL, NW, 4> *cr = static_cast<ClusterRed<CL, NW, 4> *>(crv);
-    constexpr int NS = CL * NW;
-    const int b = par % LNORM__CRB;
-    const int lane = (int)(threadIdx.x & 31);
-    const float4 v = make_float4(s, m, mu, (float)n);
-    if constexpr (CL > 1) {
-        if (threadIdx.x == 0)
-            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(NS * sizeof(float4)));
-        if (lane < CL)
-            st_async_peer4(&cr->slot[b][rank][threadIdx.x / 32], v, &cr->bar[b], (uint32_t)lane);
-        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-    } else {
-        if (lane == 0)
-            cr->slot[b][0][threadIdx.x / 32] = v;
-        __syncthreads();
-    }
-    const float4 *sl = &cr->slot[b][0][0];
-    float S = 0.0f;
-#pragma unroll
-    for (int i = 0; i < (NS + 31) / 32; i++)
-        if (i * 32 + lane < NS)
-            S += sl[i * 32 + lane].x;
-    S = warp_sum(S);
-    const float d = H > 0 ? S / (float)H : 0.0f;
-    float M = 0.0f;
-#pragma unroll
-    for (int i = 0; i < (NS + 31) / 32; i++) {
-        if (i * 32 + lane < NS) {
-            const float4 q = lds4(sl + i * 32 + lane); /* read again, not held from the loop above */
-            const float e = __fsub_rn(q.z, d);
-            M = __fadd_rn(M, q.w > 0.0f ? __fmaf_rn(__fmul_rn(q.w, e), e, q.y) : 0.0f);
-        }
-    }
-#pragma unroll
-    for (int k = 16; k > 0; k >>= 1)
-        M = __fadd_rn(M, __shfl_xor_sync(0xffffffffu, M, k));
-    return make_float2(d, M);
-}
-
 /* The 16 bytes of one x chunk, as raw bits or as VEC elements. */
 template <typename TX> union Raw {
     uint4 u;
     TX e[16 / sizeof(TX)];
 };
 
-/* Raw chunk -> VEC floats. */
-template <typename TX>
+/* Raw chunk -> VEC floats. BITS: bf16 by bit operations (bf16x8_to_f);
+ * the general kernels (k_reg, the streaming tier) convert element by
+ * element, with which their 1024-thread forms compile with fewer spills
+ * (96 against 616 bytes). Same values either way. */
+template <typename TX, bool BITS = true>
 __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[16 / sizeof(TX)])
 {
-    Raw<TX> r;
-    r.u = u;
+    if constexpr (BITS && LNORM_CUDA_BF16_BITS && std::is_same<TX, __nv_bfloat16>::value) {
+        bf16x8_to_f(u, f);
+    } else {
+        Raw<TX> r;
+        r.u = u;
 #pragma unroll
-    for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
-        f[k] = to_f<TX>(r.e[k]);
+        for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
+            f[k] = to_f<TX>(r.e[k]);
+    }
 }
 
 /* VEC floats -> raw chunk (each rounded to TX). */
@@ -540,8 +472,8 @@ __device__ __forceinline__ uint4 load_h(const RowPtrs<TX> &q, int c0, int H)
     uint4 u = load_raw<TX>(q.x, c0, H, q.xal);
     if (q.res) {
         float a[VEC], b[VEC];
-        unpack<TX>(u, a);
-        unpack<TX>(load_raw<TX>(q.res, c0, H, q.ral), b);
+        unpack<TX, false>(u, a);
+        unpack<TX, false>(load_raw<TX>(q.res, c0, H, q.ral), b);
 #pragma unroll
         for (int k = 0; k < VEC; k++)
             a[k] = a[k] + b[k];
@@ -580,7 +512,7 @@ __device__ __forceinline__ void emit_row(const uint4 (&raw)[NCH], const lnorm__k
         if (c0 >= H)
             continue;
         float f[VEC], g[VEC], b[VEC];
-        unpack<TX>(raw[j], f);
+        unpack<TX, false>(raw[j], f);
         if (gp)
             load_chunk<TP, VEC>(gp, c0, H, gal, g);
         if (bp)
@@ -706,10 +638,8 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
-    constexpr bool WS = WStat<TPR, CL>::value; /* LayerNorm rows: warp statistics (row_stat) */
-    constexpr int CW = WS ? 4 : 1;
     __shared__ float red[2][BLOCK / 32];
-    __shared__ ClusterRed<CL, BLOCK / 32, CW> cr;
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
     void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
     int rank = 0;
@@ -739,8 +669,6 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         const float K = cur.K;
         const bool rms = s->op == LNORM_OP_RMSNORM;
         float d = 0.0f;
-        float ws_s = 0.0f; /* WS: the warp's sum of h - K and its count */
-        int ws_n = 0;
         /* With one row per CTA the op is uniform and RMSNorm skips the sum;
          * with several rows per CTA every group reduces (shuffles are
          * warp-wide), and RMSNorm ignores the result. Masked columns
@@ -751,7 +679,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
             for (int j = 0; j < NCH; j++) {
                 const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
                 float f[VEC];
-                unpack<TX>(raw[j], f);
+                unpack<TX, false>(raw[j], f);
                 if (c0 + VEC <= H) {
 #pragma unroll
                     for (int k = 0; k < VEC; k++)
@@ -762,23 +690,17 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
                         sum += (c0 + k < H) ? f[k] - K : 0.0f;
                 }
             }
-            if (WS) { /* one row a CTA: !rms */
-                ws_s = warp_sum(sum);
-                ws_n = warp_count<TPR, NCH, VEC, true>(H, rank, t);
-                d = warp_mean(ws_s, ws_n);
-            } else {
-                sum = group_sum<TPR, BLOCK, CL, CW>(sum, red, cred, rank, par);
-                par++;
-                if (!rms)
-                    d = sum / (float)H;
-            }
+            sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+            par++;
+            if (!rms)
+                d = sum / (float)H;
         }
         float sq = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
             float f[VEC];
-            unpack<TX>(raw[j], f);
+            unpack<TX, false>(raw[j], f);
             if (c0 + VEC <= H) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
@@ -793,13 +715,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
                 }
             }
         }
-        if (WS && !rms) {
-            const float2 st = row_stat<CL, BLOCK / 32>(ws_s, warp_sum(sq), d, ws_n, cred, rank, par, H);
-            d = st.x;
-            sq = st.y;
-        } else {
-            sq = group_sum<TPR, BLOCK, CL, CW>(sq, red, cred, rank, par);
-        }
+        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
         par++;
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
         if (cur.active && t == 0 && rank == 0) {
@@ -885,7 +801,7 @@ __global__ void __launch_bounds__(1024, 1) k_stream(const __grid_constant__ lnor
         float s1 = 0.0f, c1 = 0.0f;
         for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
             float f[VEC];
-            unpack<TX>(load_h<TX>(q, c0, H), f);
+            unpack<TX, false>(load_h<TX>(q, c0, H), f);
             float cs = 0.0f;
 #pragma unroll
             for (int k = 0; k < VEC; k++)
@@ -901,7 +817,7 @@ __global__ void __launch_bounds__(1024, 1) k_stream(const __grid_constant__ lnor
             float s2 = 0.0f, c2 = 0.0f;
             for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
                 float f[VEC];
-                unpack<TX>(load_raw<TX>(hr, c0, H, hal), f);
+                unpack<TX, false>(load_raw<TX>(hr, c0, H, hal), f);
                 float cs = 0.0f;
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
@@ -1089,11 +1005,11 @@ template <typename TP, int N> __device__ __forceinline__ void load_param_full(co
     }
 #pragma unroll
     for (int s = 0; s < N; s += S) {
-        Raw<TP> r;
-        r.u = __ldg(reinterpret_cast<const uint4 *>(p + c0 + s));
+        float e[S];
+        unpack<TP>(__ldg(reinterpret_cast<const uint4 *>(p + c0 + s)), e);
 #pragma unroll
         for (int k = 0; k < S; k++)
-            v[s + k] = to_f<TP>(r.e[k]);
+            v[s + k] = e[k];
     }
 }
 
@@ -1118,7 +1034,7 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
             return;
         }
     }
-    load_chunk<TP, N>(p, c0, H, al, v);
+    load_chunk<TP, N, true>(p, c0, H, al, v);
 }
 
 /* Whether the fast path keeps a row's gamma/beta chunks in registers
@@ -1193,8 +1109,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * test of its end. Same operations, same bits. */
     constexpr bool WH = AL || XW; /* chunks are whole or past the end */
     constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
-    constexpr bool WS = !RMS && WStat<TPR, CL>::value; /* one reduction a row (row_stat) */
-    static_assert(!WS || TPR == BLOCK, "warp statistics: one row a CTA");
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
         if constexpr (RMS)
@@ -1221,8 +1135,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
     };
     float d = 0.0f;
-    float ws_s = 0.0f; /* WS: the warp's sum of h - K and its count */
-    int ws_n = 0;
     if constexpr (!RMS) {
         float sum = 0.0f;
 #pragma unroll
@@ -1249,15 +1161,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                     sum += (c0 + k < H) ? f[k] : 0.0f;
             }
         }
-        if constexpr (WS) {
-            ws_s = warp_sum(sum);
-            ws_n = warp_count<TPR, NCH, VEC, false>(H, rank, t);
-            d = warp_mean(ws_s, ws_n); /* the second pass centres on the warp's mean */
-        } else {
-            sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
-            par++;
-            d = H > 0 ? sum / (float)H : 0.0f;
-        }
+        sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+        par++;
+        d = H > 0 ? sum / (float)H : 0.0f;
     }
     float sq = 0.0f;
 #pragma unroll
@@ -1279,13 +1185,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             }
         }
     }
-    if constexpr (WS) {
-        const float2 st = row_stat<CL, BLOCK / 32>(ws_s, warp_sum(sq), d, ws_n, cred, rank, par, H);
-        d = st.x;
-        sq = st.y;
-    } else {
-        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
-    }
+    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
     if (!active)
         return; /* nothing below synchronizes */
@@ -1410,10 +1310,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
     constexpr int RPC = BLOCK / TPR;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH>::value;
     constexpr int NGC = GC ? NCH : 1;
-    constexpr bool WS = !RMS && WStat<TPR, 1>::value;
     __shared__ float red[2][BLOCK / 32];
-    __shared__ typename std::conditional<WS, ClusterRed<1, BLOCK / 32, 4>, char>::type wsr; /* row_stat's slots */
-    void *cred = WS ? (void *)&wsr : nullptr;
     const int t = (int)(threadIdx.x % TPR);
     int par = 0;
     uint4 gcache[NGC], bcache[NGC];
@@ -1437,7 +1334,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
                 raw[j] = load_raw<TX>(xr, c0, H, xal);
         }
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, LNORM_CUDA_FAST_F32REG != 0, AL>(raw, s, r, H, active, K, 0, t, red, cred, par,
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, LNORM_CUDA_FAST_F32REG != 0, AL>(raw, s, r, H, active, K, 0, t, red, nullptr, par,
                                                                  gcache, bcache, cs);
     }
 }
@@ -1577,7 +1474,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
-    __shared__ ClusterRed<CL, BLOCK / 32, (!RMS && WStat<TPR, CL>::value) ? 4 : 1> cr;
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
     void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
     const int g = (int)(threadIdx.x / TPR);
@@ -1726,8 +1623,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * three stages each where they fit (SMR holds a stage through the
      * whole row), less each CTA's static shared memory and the 1 KiB the SM
      * reserves per CTA; "bulk_smem_kb" does not apply to them. */
-    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32, (!RMS && WStat<TPR, CL>::value) ? 4 : 1>) +
-                                   8 * LNORM__BULK_MAXST +
+    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + 8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     int n = occ, stages = 0;
