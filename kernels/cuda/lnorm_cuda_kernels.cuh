@@ -52,6 +52,9 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 #ifndef LNORM_CUDA_BF16_BITS
 #define LNORM_CUDA_BF16_BITS 1
 #endif
+#ifndef LNORM_CUDA_BF16_BITS_MIN_TPR
+#define LNORM_CUDA_BF16_BITS_MIN_TPR 256 /* the fast path's threshold (fast_row) */
+#endif
 __device__ __forceinline__ void bf16x8_to_f(const uint4 &u, float (&f)[8])
 {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -257,8 +260,8 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
  * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
  * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
  * every warp of the cluster does the same operations in the same order. */
-/* LNORM_CUDA_CLU_HIER (A/B builds until measured): a cluster reduction
- * in two levels. The warps' partials go to the CTA's shared memory, one
+/* LNORM_CUDA_CLU_HIER: clusters of this many CTAs and more (default 8)
+ * reduce in two levels. The warps' partials go to the CTA's shared memory, one
  * CTA barrier, warp w < CL sums the CTA's NW partials (lane l reads one,
  * a shuffle tree) and sends that CTA total to CTA w, and each
  * warp reads the CL totals (lane k: CTA k's) and sums them by a shuffle
@@ -271,9 +274,14 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
  * after reduction n + 1 completed there, which needed this CTA's send
  * of n + 1, made after this CTA's barrier of n + 1) comes after every
  * warp here read n: the three buffers of ClusterRed suffice, as does
- * red's double buffer. */
+ * red's double buffer. Same run on the H200 (bench/results/
+ * kernels-2026-11-30-14b0b91-ab.log, build hier against the default):
+ * f32 LayerNorm H = 131072 / 262144 (clusters of 8 / 16) 3364 / 2947 GB/s
+ * against 3187 / 2503, bf16 LayerNorm H = 262144 (8) 2819 against 2688,
+ * RMSNorm there +0.4..+1.8%; in clusters of 2 and 4 bf16 LayerNorm 2-3%
+ * slower, the rest within 1%. */
 #ifndef LNORM_CUDA_CLU_HIER
-#define LNORM_CUDA_CLU_HIER 0
+#define LNORM_CUDA_CLU_HIER 8 /* the smallest cluster that reduces in two levels (99: none) */
 #endif
 template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
@@ -281,10 +289,10 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
 #pragma unroll
     for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
         x += __shfl_xor_sync(0xffffffffu, x, m);
-    if constexpr (CL > 1 && LNORM_CUDA_CLU_HIER) {
+    if constexpr (CL > 1 && CL >= LNORM_CUDA_CLU_HIER) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
         constexpr int NW = BLOCK / 32;
-        static_assert(NW <= 32 && CL <= NW, "one slot a lane");
+        static_assert(NW <= 32 && CL <= 32, "one slot a lane");
         ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
         const int b = par % LNORM__CRB;
         const int lane = (int)(threadIdx.x & 31);
@@ -294,16 +302,18 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         if (threadIdx.x == 0)
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * sizeof(float)));
         __syncthreads();
-        if (w < CL) { /* warp w sends the CTA's total to CTA w */
+        float *tot = &cr->slot[b][0][0]; /* tot[k]: CTA k's total */
+        if (w < CL) { /* warp w sends the CTA's total to CTAs w, w + NW, ... */
             float c = lane < NW ? red[par & 1][lane] : 0.0f;
 #pragma unroll
             for (int m = 16; m > 0; m >>= 1)
                 c += __shfl_xor_sync(0xffffffffu, c, m);
             if (lane == 0)
-                st_async_peer(&cr->slot[b][0][rank], c, &cr->bar[b], (uint32_t)w);
+                for (int k = w; k < CL; k += NW)
+                    st_async_peer(tot + rank, c, &cr->bar[b], (uint32_t)k);
         }
         mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-        float v = lane < CL ? cr->slot[b][0][lane] : 0.0f;
+        float v = lane < CL ? tot[lane] : 0.0f;
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -993,7 +1003,8 @@ __device__ __forceinline__ uint4 load_param_raw(const TP *p, int c0, int H, bool
 /* N parameter values at an aligned column c0 whose chunk lies inside the
  * row (the AL form of k_fast): 16-byte read-only loads, no masks; absent
  * -> fill. */
-template <typename TP, int N> __device__ __forceinline__ void load_param_full(const TP *p, int c0, float fill, float (&v)[N])
+template <typename TP, int N, bool BITS = true>
+__device__ __forceinline__ void load_param_full(const TP *p, int c0, float fill, float (&v)[N])
 {
     constexpr int S = Sub<TP, N>::value;
     static_assert(S * sizeof(TP) == 16, "16-byte parameter chunks");
@@ -1006,7 +1017,7 @@ template <typename TP, int N> __device__ __forceinline__ void load_param_full(co
 #pragma unroll
     for (int s = 0; s < N; s += S) {
         float e[S];
-        unpack<TP>(__ldg(reinterpret_cast<const uint4 *>(p + c0 + s)), e);
+        unpack<TP, BITS>(__ldg(reinterpret_cast<const uint4 *>(p + c0 + s)), e);
 #pragma unroll
         for (int k = 0; k < S; k++)
             v[s + k] = e[k];
@@ -1016,7 +1027,7 @@ template <typename TP, int N> __device__ __forceinline__ void load_param_full(co
 /* N parameter values at column c0 as fp32 (any TP); absent -> fill. NC:
  * read-only 16-byte loads where aligned (else the plain loads of
  * load_chunk); the values are the same. */
-template <typename TP, int N, bool NC = true>
+template <typename TP, int N, bool NC = true, bool BITS = true>
 __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, float fill, float (&v)[N])
 {
     if (p == nullptr) {
@@ -1030,11 +1041,11 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
          * written during a launch, so the compiler may issue them early,
          * ahead of the stores of y. */
         if (al && c0 + N <= H) {
-            load_param_full<TP, N>(p, c0, fill, v);
+            load_param_full<TP, N, BITS>(p, c0, fill, v);
             return;
         }
     }
-    load_chunk<TP, N, true>(p, c0, H, al, v);
+    load_chunk<TP, N, BITS>(p, c0, H, al, v);
 }
 
 /* Whether the fast path keeps a row's gamma/beta chunks in registers
@@ -1092,6 +1103,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * (e2e430e, 02:39). 4-chunk tiers: read-only loads, no barrier (k_fast's
      * measured form). */
     constexpr bool NC4 = NCH <= 4; /* read-only parameter loads */
+    /* bf16 unpacked by bit operations (bf16x8_to_f) from 256 threads a row
+     * up (LNORM_CUDA_BF16_BITS_MIN_TPR): there bf16 LayerNorm ran 3-7%
+     * faster that way (H = 16384-262144; H = 8192 +0.5%), in the tiers of
+     * up to 128 threads 1-3% slower for both ops, though with fewer
+     * instructions (H200, same run, bench/results/
+     * kernels-2026-11-30-14b0b91-ab.log: default column against bits0). */
+    constexpr bool BB = TPR >= LNORM_CUDA_BF16_BITS_MIN_TPR;
     /* F32REG: the row's chunks converted to fp32 once, kept in registers
      * for the three passes (the bulk kernels, where registers are not
      * what holds bytes in flight; the conversions were a measurable part
@@ -1101,7 +1119,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     if constexpr (F32REG) {
 #pragma unroll
         for (int j = 0; j < NCH; j++)
-            unpack<TX>(raw[j], fv[j]);
+            unpack<TX, BB>(raw[j], fv[j]);
     }
     /* XW (the bulk kernels): every row of the launch is a whole number of
      * 16-byte units, so a chunk is either inside the row or past its end:
@@ -1129,9 +1147,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
              * (bulk_row_bytes), so a chunk past the row's end reads stale
              * (or never written) bytes inside the stage, which the c0 < H
              * tests of the passes then leave out. */
-            unpack<TX>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
+            unpack<TX, BB>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
         } else {
-            unpack<TX>(raw[j], f);
+            unpack<TX, BB>(raw[j], f);
         }
     };
     float d = 0.0f;
@@ -1224,14 +1242,14 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             float f[VEC], g[VEC], b[VEC];
             chunk(j, f);
             if constexpr (GC) {
-                unpack<TP>(gcache[j], g);
-                unpack<TP>(bcache[j], b);
+                unpack<TP, BB>(gcache[j], g);
+                unpack<TP, BB>(bcache[j], b);
             } else if constexpr (AL) {
-                load_param_full<TP, VEC>(g_, c0, 1.0f, g);
-                load_param_full<TP, VEC>(b_, c0, -0.0f, b);
+                load_param_full<TP, VEC, BB>(g_, c0, 1.0f, g);
+                load_param_full<TP, VEC, BB>(b_, c0, -0.0f, b);
             } else {
-                load_param<TP, VEC, NC4>(g_, c0, H, gal, 1.0f, g);
-                load_param<TP, VEC, NC4>(b_, c0, H, bal, -0.0f, b);
+                load_param<TP, VEC, NC4, BB>(g_, c0, H, gal, 1.0f, g);
+                load_param<TP, VEC, NC4, BB>(b_, c0, H, bal, -0.0f, b);
             }
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
