@@ -280,14 +280,17 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
  * against 3187 / 2503, bf16 LayerNorm H = 262144 (8) 2819 against 2688,
  * RMSNorm there +0.4..+1.8%; in clusters of 2 and 4 bf16 LayerNorm 2-3%
  * slower, the rest within 1%. */
-/* LNORM_CUDA_RED_TREE: the CTA level of a reduction over TPR > 32 threads
- * (one row a CTA of 64-1024 threads) as one shared-memory read and a
- * shuffle tree a warp (log2(TPR / 32) steps), instead of every thread
- * summing the TPR / 32 warp partials in turn (0: one read and one addition
- * a partial, 32 of each in the 1024-thread tier). A different order, so
- * other bits; the same in every kernel. */
+/* LNORM_CUDA_RED_TREE: from this many threads a row (default 1024: tier
+ * 10, one row a CTA) the CTA level of a reduction is one shared-memory
+ * read and a shuffle tree a warp, instead of every thread adding the
+ * TPR / 32 warp partials in turn. Another order, so other bits (the same
+ * in every kernel). Same run on the H200 (bench/results/
+ * kernels-2026-11-30-0805d64-ab.log, default or nks against seq): 1024
+ * threads: bf16 LayerNorm H = 32768 +3%, f32 H = 16384 +1%, RMSNorm
+ * within 1%; 256-512 threads within -1..+1%; 64-128 threads a row bf16
+ * 1% and f32 LayerNorm H = 512 / 1024 6-8% slower. */
 #ifndef LNORM_CUDA_RED_TREE
-#define LNORM_CUDA_RED_TREE 1
+#define LNORM_CUDA_RED_TREE 1024
 #endif
 #ifndef LNORM_CUDA_CLU_HIER
 #define LNORM_CUDA_CLU_HIER 8 /* the smallest cluster that reduces in two levels (99: none) */
@@ -353,19 +356,19 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
             red[par & 1][threadIdx.x / 32] = x;
         __syncthreads();
         const int w0 = (int)(threadIdx.x / TPR) * WPG;
-#if LNORM_CUDA_RED_TREE
-        /* Lane l reads warp l % WPG's partial, a shuffle tree over each
-         * group of WPG lanes sums them: every lane gets the same sum. */
-        x = red[par & 1][w0 + (int)(threadIdx.x & (WPG - 1))];
+        if constexpr (TPR >= LNORM_CUDA_RED_TREE) {
+            /* Lane l reads warp l % WPG's partial, a shuffle tree over each
+             * group of WPG lanes sums them: every lane gets the same sum. */
+            x = red[par & 1][w0 + (int)(threadIdx.x & (WPG - 1))];
 #pragma unroll
-        for (int m = WPG / 2; m > 0; m >>= 1)
-            x += __shfl_xor_sync(0xffffffffu, x, m);
-#else
-        x = 0.0f;
+            for (int m = WPG / 2; m > 0; m >>= 1)
+                x += __shfl_xor_sync(0xffffffffu, x, m);
+        } else {
+            x = 0.0f;
 #pragma unroll
-        for (int i = 0; i < WPG; i++)
-            x += red[par & 1][w0 + i];
-#endif
+            for (int i = 0; i < WPG; i++)
+                x += red[par & 1][w0 + i];
+        }
     }
     return x;
 }
@@ -1088,9 +1091,6 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
  * (one branch a row), so that absent parameters cost no fill values and
  * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
  * loop that tests for absent parameters chunk by chunk. */
-#ifndef LNORM_CUDA_SMR_KSTORE
-#define LNORM_CUDA_SMR_KSTORE 1 /* f32 LayerNorm, rows read from their stage: x - K stored back (fast_row) */
-#endif
 #ifndef LNORM_CUDA_FAST_PSPEC
 #define LNORM_CUDA_FAST_PSPEC 1
 #endif
@@ -1148,15 +1148,11 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * test of its end. Same operations, same bits. */
     constexpr bool WH = AL || XW; /* chunks are whole or past the end */
     constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
-    /* SKS: an f32 LayerNorm row read from its stage (SMR) has x - K
-     * written back over x by the first pass (same size), so the later
-     * passes subtract the mean only (the same rounded x - K: same bits). */
-    constexpr bool SKS = SMR && !RMS && sizeof(TX) == 4 && LNORM_CUDA_SMR_KSTORE;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
         if constexpr (RMS)
             return f[k];
-        else if constexpr (SHIFTED || SKS)
+        else if constexpr (SHIFTED)
             return f[k] - d;
         else
             return (f[k] - K) - d;
@@ -1193,11 +1189,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     f[k] = f[k] - K;
-                if constexpr (SKS) {
-                    if (c0 < H)
-                        *reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow) + (j * TPR + t) * 16) =
-                            make_float4(f[0], f[1], f[2], f[3]);
-                }
             }
             if (WH ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
@@ -1565,13 +1556,9 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         const int64_t r = rr - s->row_begin;
         const int H = active ? (int)s->hidden : 0;
         /* A cluster CTA other than rank 0 has not staged h[0]: read it
-         * from global memory before waiting, so the load overlaps the wait.
-         * So does an f32 LayerNorm row of a one-CTA SMR tier, whose first
-         * pass writes x - K over its stage (fast_row's SKS) while other
-         * warps may not have read h[0] yet. */
-        constexpr bool GX0 = CL > 1 || (SMR && sizeof(TX) == 4 && LNORM_CUDA_SMR_KSTORE);
+         * from global memory before waiting, so the load overlaps the wait. */
         TX x0 = TX(0.0f);
-        if constexpr (GX0 && !RMS)
+        if constexpr (CL > 1 && !RMS)
             if (H > 0)
                 x0 = ((const TX *)s->x + r * s->x_stride)[0];
         mbar_wait(&bar[st], phase);
@@ -1587,7 +1574,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         }
         float K = 0.0f;
         if (!RMS && H > 0) {
-            if constexpr (!GX0)
+            if constexpr (CL == 1)
                 K = shift_of<TX>(*reinterpret_cast<const TX *>(src));
             else
                 K = shift_of<TX>(x0);
