@@ -1091,6 +1091,14 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
  * (one branch a row), so that absent parameters cost no fill values and
  * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
  * loop that tests for absent parameters chunk by chunk. */
+/* LNORM_CUDA_BULK_TSTORE (A/B builds until measured): in the SMR kernels
+ * each thread writes its y chunks over x in the stage, and thread 0 copies
+ * the CTA's slice of y to global memory with one bulk copy
+ * (cp.async.bulk.global.shared::cta), waited on (.read) before the stage
+ * is refilled; rows whose y slice is not 16-byte aligned store as before. */
+#ifndef LNORM_CUDA_BULK_TSTORE
+#define LNORM_CUDA_BULK_TSTORE 0
+#endif
 #ifndef LNORM_CUDA_FAST_PSPEC
 #define LNORM_CUDA_FAST_PSPEC 1
 #endif
@@ -1113,7 +1121,7 @@ template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOC
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
-                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr)
+                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
@@ -1276,6 +1284,12 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             for (int k = 0; k < VEC; k++) {
                 const float n = __fmul_rn(cen(f, k, d), rstd);
                 f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
+            }
+            if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) {
+                if (ts) { /* y goes over x in the stage; k_bulk copies it out */
+                    *reinterpret_cast<uint4 *>(const_cast<unsigned char *>(srow) + (j * TPR + t) * 16) = pack<TX>(f);
+                    continue;
+                }
             }
             if constexpr (AL)
                 store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
@@ -1585,6 +1599,9 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             __syncthreads();
             if (threadIdx.x < 32) {
                 const int64_t nt = cid + (k + stages) * ncl;
+                if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) /* y's copy has read the stage */
+                    if (threadIdx.x == 0)
+                        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
                 if (nt < ntiles) {
                     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                     bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
@@ -1597,11 +1614,40 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         };
         if constexpr (!SMR)
             refill();
+        /* TSTORE: this CTA's slice of y (its bytes, 16-byte aligned) is
+         * written into the stage and copied out by one bulk copy. */
+        constexpr int64_t SLICE = (int64_t)TPR * NCH * 16;
+        int64_t yoff = (int64_t)rank * SLICE, ybytes = 0;
+        TX *yrow = nullptr;
+        if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) {
+            yrow = (TX *)s->y + r * s->y_stride;
+            ybytes = H * (int64_t)sizeof(TX) - yoff;
+            ybytes = ybytes > SLICE ? SLICE : ybytes;
+        }
+        const bool ts = SMR && LNORM_CUDA_BULK_TSTORE && active && ybytes > 0 &&
+                        (((uintptr_t)yrow + (uintptr_t)yoff) & 15) == 0;
         fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, !SMR && NCH * VEC <= LNORM_CUDA_BULK_F32REG, false, SMR,
-                 LNORM_CUDA_BULK_XW != 0>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src);
+                 LNORM_CUDA_BULK_XW != 0>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src,
+                                           ts);
+        if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) {
+            if (ts) { /* uniform over the CTA (one row a CTA) */
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                                     (unsigned char *)yrow + yoff),
+                                 "r"(smem_addr(src)), "r"((uint32_t)ybytes)
+                                 : "memory");
+                    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                }
+            }
+        }
         if constexpr (SMR)
             refill();
     }
+    if constexpr (SMR && LNORM_CUDA_BULK_TSTORE)
+        if (threadIdx.x == 0)
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); /* y's copies done */
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
 }
