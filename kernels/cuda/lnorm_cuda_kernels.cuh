@@ -1091,14 +1091,23 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
  * (one branch a row), so that absent parameters cost no fill values and
  * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
  * loop that tests for absent parameters chunk by chunk. */
-/* LNORM_CUDA_BULK_TSTORE (A/B builds until measured): in the SMR kernels
- * each thread writes its y chunks over x in the stage, and thread 0 copies
- * the CTA's slice of y to global memory with one bulk copy
- * (cp.async.bulk.global.shared::cta), waited on (.read) before the stage
- * is refilled; rows whose y slice is not 16-byte aligned store as before. */
+/* LNORM_CUDA_BULK_TSTORE: RMSNorm rows in clusters of this many CTAs and
+ * more (default 8; 99: none) have each thread write its y chunks over x
+ * in the stage, and thread 0 copies the CTA's slice of y out with one bulk
+ * copy (cp.async.bulk.global.shared::cta), waited on (.read) before the
+ * stage is refilled; rows whose y slice is not 16-byte aligned store as
+ * before. Same run on the H200 (bench/results/kernels-2026-11-30-dae39db-ab,
+ * build ts: every SMR kernel that way, against the per-thread stores):
+ * RMSNorm in clusters of 8 / 16 +3% (bf16 H = 262144 3593 against 3489
+ * GB/s, f32 H = 131072 / 262144 3827 / 3714 against 3722 / 3610), in
+ * clusters of 2 and 4 and in tier 10 -2.5..+0.4%; LayerNorm 6-11% slower
+ * everywhere (its stage is refilled later). */
 #ifndef LNORM_CUDA_BULK_TSTORE
-#define LNORM_CUDA_BULK_TSTORE 0
+#define LNORM_CUDA_BULK_TSTORE 8
 #endif
+template <bool RMS, int CL> struct TStore {
+    static constexpr bool value = RMS && CL > 1 && CL >= LNORM_CUDA_BULK_TSTORE;
+};
 #ifndef LNORM_CUDA_FAST_PSPEC
 #define LNORM_CUDA_FAST_PSPEC 1
 #endif
@@ -1285,7 +1294,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 const float n = __fmul_rn(cen(f, k, d), rstd);
                 f[k] = __fmaf_rn(n, g[k], b[k]); /* as emit_row: explicit roundings */
             }
-            if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) {
+            if constexpr (SMR && TStore<RMS, CL>::value) {
                 if (ts) { /* y goes over x in the stage; k_bulk copies it out */
                     *reinterpret_cast<uint4 *>(const_cast<unsigned char *>(srow) + (j * TPR + t) * 16) = pack<TX>(f);
                     continue;
@@ -1599,7 +1608,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             __syncthreads();
             if (threadIdx.x < 32) {
                 const int64_t nt = cid + (k + stages) * ncl;
-                if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) /* y's copy has read the stage */
+                if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
                     if (threadIdx.x == 0)
                         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
                 if (nt < ntiles) {
@@ -1619,17 +1628,17 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         constexpr int64_t SLICE = (int64_t)TPR * NCH * 16;
         int64_t yoff = (int64_t)rank * SLICE, ybytes = 0;
         TX *yrow = nullptr;
-        if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) {
+        if constexpr (SMR && TStore<RMS, CL>::value) {
             yrow = (TX *)s->y + r * s->y_stride;
             ybytes = H * (int64_t)sizeof(TX) - yoff;
             ybytes = ybytes > SLICE ? SLICE : ybytes;
         }
-        const bool ts = SMR && LNORM_CUDA_BULK_TSTORE && active && ybytes > 0 &&
+        const bool ts = SMR && TStore<RMS, CL>::value && active && ybytes > 0 &&
                         (((uintptr_t)yrow + (uintptr_t)yoff) & 15) == 0;
         fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, !SMR && NCH * VEC <= LNORM_CUDA_BULK_F32REG, false, SMR,
                  LNORM_CUDA_BULK_XW != 0>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src,
                                            ts);
-        if constexpr (SMR && LNORM_CUDA_BULK_TSTORE) {
+        if constexpr (SMR && TStore<RMS, CL>::value) {
             if (ts) { /* uniform over the CTA (one row a CTA) */
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 __syncthreads();
@@ -1645,7 +1654,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         if constexpr (SMR)
             refill();
     }
-    if constexpr (SMR && LNORM_CUDA_BULK_TSTORE)
+    if constexpr (SMR && TStore<RMS, CL>::value)
         if (threadIdx.x == 0)
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); /* y's copies done */
     if constexpr (CL > 1)
