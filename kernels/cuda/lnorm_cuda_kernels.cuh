@@ -1297,6 +1297,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             if constexpr (SMR && TStore<RMS, CL>::value) {
                 if (ts) { /* y goes over x in the stage; k_bulk copies it out */
                     *reinterpret_cast<uint4 *>(const_cast<unsigned char *>(srow) + (j * TPR + t) * 16) = pack<TX>(f);
+#if LNORM_CUDA_EMIT_BARRIER
+                    if constexpr (!NC4)
+                        asm volatile("" ::: "memory"); /* as below: one chunk's parameters at a time */
+#endif
                     continue;
                 }
             }
@@ -1633,6 +1637,10 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             ybytes = H * (int64_t)sizeof(TX) - yoff;
             ybytes = ybytes > SLICE ? SLICE : ybytes;
         }
+        /* The bulk store's group belongs to thread 0, which waits on it in
+         * refill() before it issues the stage's reload (bulk_issue: lane 0
+         * copies the row when RPC == 1). */
+        static_assert(!TStore<RMS, CL>::value || RPC == 1, "bulk y stores: one row a CTA");
         const bool ts = SMR && TStore<RMS, CL>::value && active && ybytes > 0 &&
                         (((uintptr_t)yrow + (uintptr_t)yoff) & 15) == 0;
         fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, !SMR && NCH * VEC <= LNORM_CUDA_BULK_F32REG, false, SMR,
