@@ -251,15 +251,6 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
     }
 }
 
-/* Sum over the TPR threads of a row group, then over the CL CTAs of a
- * cluster. Deterministic (fixed trees); every thread of the group gets the
- * same value. par counts the reductions of the kernel (uniform over the
- * CTA and the cluster): red is double-buffered by its low bit, the cluster
- * slots take par % LNORM__CRB. In a cluster (one row per CTA, TPR == BLOCK) the
- * warps' partials go straight to every CTA's slots, and each warp waits
- * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
- * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
- * every warp of the cluster does the same operations in the same order. */
 /* LNORM_CUDA_CLU_HIER: clusters of this many CTAs and more (default 8)
  * reduce in two levels. The warps' partials go to the CTA's shared memory, one
  * CTA barrier, warp w < CL sums the CTA's NW partials (lane l reads one,
@@ -280,6 +271,9 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
  * against 3187 / 2503, bf16 LayerNorm H = 262144 (8) 2819 against 2688,
  * RMSNorm there +0.4..+1.8%; in clusters of 2 and 4 bf16 LayerNorm 2-3%
  * slower, the rest within 1%. */
+#ifndef LNORM_CUDA_CLU_HIER
+#define LNORM_CUDA_CLU_HIER 8 /* the smallest cluster that reduces in two levels (99: none) */
+#endif
 /* LNORM_CUDA_RED_TREE: from this many threads a row (default 1024: tier
  * 10, one row a CTA) the CTA level of a reduction is one shared-memory
  * read and a shuffle tree a warp, instead of every thread adding the
@@ -292,9 +286,16 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
 #ifndef LNORM_CUDA_RED_TREE
 #define LNORM_CUDA_RED_TREE 1024
 #endif
-#ifndef LNORM_CUDA_CLU_HIER
-#define LNORM_CUDA_CLU_HIER 8 /* the smallest cluster that reduces in two levels (99: none) */
-#endif
+/* Sum over the TPR threads of a row group, then over the CL CTAs of a
+ * cluster. Deterministic (fixed trees); every thread of the group gets the
+ * same value. par counts the reductions of the kernel (uniform over the
+ * CTA and the cluster): red is double-buffered by its low bit, the cluster
+ * slots take par % LNORM__CRB. In a cluster (one row per CTA, TPR == BLOCK)
+ * of fewer than LNORM_CUDA_CLU_HIER CTAs (larger ones: two levels, above) the
+ * warps' partials go straight to every CTA's slots, and each warp waits
+ * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
+ * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
+ * every warp of the cluster does the same operations in the same order. */
 template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
@@ -1087,10 +1088,6 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
 #ifndef LNORM_CUDA_FAST_KREUSE
 #define LNORM_CUDA_FAST_KREUSE 1
 #endif
-/* The output pass specialized on which of gamma and beta the segment has
- * (one branch a row), so that absent parameters cost no fill values and
- * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
- * loop that tests for absent parameters chunk by chunk. */
 /* LNORM_CUDA_BULK_TSTORE: RMSNorm rows in clusters of this many CTAs and
  * more (default 8; 99: none) have each thread write its y chunks over x
  * in the stage, and thread 0 copies the CTA's slice of y out with one bulk
@@ -1108,6 +1105,10 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
 template <bool RMS, int CL> struct TStore {
     static constexpr bool value = RMS && CL > 1 && CL >= LNORM_CUDA_BULK_TSTORE;
 };
+/* The output pass specialized on which of gamma and beta the segment has
+ * (one branch a row), so that absent parameters cost no fill values and
+ * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
+ * loop that tests for absent parameters chunk by chunk. */
 #ifndef LNORM_CUDA_FAST_PSPEC
 #define LNORM_CUDA_FAST_PSPEC 1
 #endif
@@ -1462,6 +1463,35 @@ __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
+/* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from this
+ * CTA's shared memory to global memory as one bulk-copy group of the
+ * calling thread; bulk_store_wait_read: that thread waits until its groups
+ * have read their shared memory (which may then be written again),
+ * bulk_store_wait: until their writes are done. */
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_store_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_store_wait()
+{
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+/* Bytes of a row of rowb bytes in the slice (slice bytes long) that starts
+ * at byte off; <= 0 when the row ends before the slice. */
+__device__ __forceinline__ int64_t slice_bytes(int64_t rowb, int64_t off, int64_t slice)
+{
+    const int64_t b = rowb - off;
+    return b > slice ? slice : b;
+}
+
 /* Shared-memory bytes of one staged row (rs) for a launch: the row itself
  * when every row has the launch's single segment, else the tier's slice
  * capacity (rows of a table launch may differ in length). Kernels that
@@ -1505,11 +1535,8 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
                 break;
             const lnorm__kseg *s = p.table ? find_seg(p, row) : &p.one;
             const int64_t r = row - s->row_begin;
-            const int64_t rowb = s->hidden * (int64_t)sizeof(TX);
             const int64_t off = (int64_t)rank * SLICE;
-            int64_t bytes = rowb - off;
-            if (bytes > SLICE)
-                bytes = SLICE;
+            const int64_t bytes = slice_bytes(s->hidden * (int64_t)sizeof(TX), off, SLICE);
             if (bytes <= 0)
                 continue;
             mbar_expect_tx(bar, (uint32_t)bytes);
@@ -1614,7 +1641,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                 const int64_t nt = cid + (k + stages) * ncl;
                 if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
                     if (threadIdx.x == 0)
-                        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+                        bulk_store_wait_read();
                 if (nt < ntiles) {
                     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                     bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
@@ -1630,12 +1657,12 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         /* TSTORE: this CTA's slice of y (its bytes, 16-byte aligned) is
          * written into the stage and copied out by one bulk copy. */
         constexpr int64_t SLICE = (int64_t)TPR * NCH * 16;
-        int64_t yoff = (int64_t)rank * SLICE, ybytes = 0;
+        const int64_t yoff = (int64_t)rank * SLICE;
         TX *yrow = nullptr;
+        int64_t ybytes = 0;
         if constexpr (SMR && TStore<RMS, CL>::value) {
             yrow = (TX *)s->y + r * s->y_stride;
-            ybytes = H * (int64_t)sizeof(TX) - yoff;
-            ybytes = ybytes > SLICE ? SLICE : ybytes;
+            ybytes = slice_bytes(H * (int64_t)sizeof(TX), yoff, SLICE);
         }
         /* The bulk store's group belongs to thread 0, which waits on it in
          * refill() before it issues the stage's reload (bulk_issue: lane 0
@@ -1650,13 +1677,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             if (ts) { /* uniform over the CTA (one row a CTA) */
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 __syncthreads();
-                if (threadIdx.x == 0) {
-                    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                                     (unsigned char *)yrow + yoff),
-                                 "r"(smem_addr(src)), "r"((uint32_t)ybytes)
-                                 : "memory");
-                    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-                }
+                if (threadIdx.x == 0)
+                    bulk_store((unsigned char *)yrow + yoff, src, (uint32_t)ybytes);
             }
         }
         if constexpr (SMR)
@@ -1664,7 +1686,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     }
     if constexpr (SMR && TStore<RMS, CL>::value)
         if (threadIdx.x == 0)
-            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); /* y's copies done */
+            bulk_store_wait(); /* y's copies done */
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
 }
