@@ -40,7 +40,14 @@ def load_lib(path):
     f = lib.lnorm_cuda_norm
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    # A workspace for the one stream every launch runs on (as lnormd's
+    # backend has one per slot): the long-row kernels take dynamic tiles.
+    lib.lnorm_cuda_ws_create.restype = ctypes.c_int
+    lib.lnorm_cuda_ws_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    lib.ws = ctypes.c_void_p()
+    if lib.lnorm_cuda_ws_create(ctypes.byref(lib.ws), 1) != 0:
+        raise SystemExit(f"{path}: lnorm_cuda_ws_create failed")
     if hasattr(lib, "lnorm_cuda_stat"):
         lib.lnorm_cuda_stat.restype = ctypes.c_long
         lib.lnorm_cuda_stat.argtypes = [ctypes.c_char_p]
@@ -53,7 +60,7 @@ def lnormd_fn(lib, op, x, w, b, y):
     N, H = x.shape
     stream = torch.cuda.current_stream().cuda_stream
     args = (OPS[op], DT[x.dtype], 0, 0, N, H, 0, 0, x.data_ptr(), y.data_ptr(), None, None,
-            w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0, stream)
+            w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0, stream, lib.ws)
 
     def run():
         rc = lib.lnorm_cuda_norm(*args)
@@ -86,7 +93,8 @@ def main():
                     help="NAME=KEY:VAL[,KEY:VAL]: run-time tuning of the same library "
                          "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
                          "none: no variants; default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow), noal=fast_aligned:0, "
-                         "alall=fast_aligned:2 (k_fast's straight-line form off / wherever rows allow)")
+                         "alall=fast_aligned:2 (k_fast's straight-line form off / wherever rows allow), "
+                         "nodyn=bulk_dynamic:0 (fixed shares of the rows instead of dynamic tiles)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
@@ -105,7 +113,7 @@ def main():
         lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
         lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
         specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "noal=fast_aligned:0",
-                                                          "alall=fast_aligned:2"]
+                                                          "alall=fast_aligned:2", "nodyn=bulk_dynamic:0"]
         for spec in specs:
             if spec == "none":  # --variant none: no run-time variants
                 continue

@@ -19,7 +19,11 @@ def load_norm(path):
     f = lib.lnorm_cuda_norm
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    # The workspace of the one stream (dynamic tiles in the long-row kernels, as in lnormd).
+    lib.lnorm_cuda_ws_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    lib.ws = ctypes.c_void_p()
+    assert lib.lnorm_cuda_ws_create(ctypes.byref(lib.ws), 1) == 0
     return lib, f
 
 
@@ -47,7 +51,7 @@ def main():
             for _ in range(2):  # warm-up, then the profiled launch (ncu --launch-skip)
                 rc = f(OPS[op], code, 0, 0, N, H, 0, 0, x.data_ptr(), y.data_ptr(), None, None,
                        w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0,
-                       torch.cuda.current_stream().cuda_stream)
+                       torch.cuda.current_stream().cuda_stream, lib.ws)
                 assert rc == 0, rc
             torch.cuda.synchronize()
             print(f"launched {c} bulk={bulk}", flush=True)

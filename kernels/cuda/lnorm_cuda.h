@@ -22,8 +22,12 @@ extern "C" {
 #endif
 
 /* A workspace for batches of more than one segment: a pinned host staging
- * table and a device copy of it, bound to whatever stream runs it. Not
- * thread-safe: one workspace per stream (per backend slot). */
+ * table and a device copy of it, bound to whatever stream runs it, and the
+ * counters through which the CTAs of the long-row kernels (tiers of 1024
+ * threads a row and up) take their rows as they go (dynamic tiles; without
+ * a workspace each CTA takes a fixed share). Not thread-safe: one workspace
+ * per stream (per backend slot); launches with one workspace must not run
+ * concurrently. */
 typedef struct lnorm_cuda_ws lnorm_cuda_ws;
 
 /* Create a workspace that holds up to max_segs segments per upload on the
@@ -36,7 +40,8 @@ void lnorm_cuda_ws_destroy(lnorm_cuda_ws *ws);
 /* Validate every segment of b (nothing runs if one is invalid: LNORM_EINVAL
  * and *why set), then enqueue the batch on stream (a cudaStream_t, NULL for
  * the default stream) on the current device. ws may be NULL only when the
- * batch has a single segment. Returns LNORM_OK once everything is enqueued,
+ * batch has a single segment (the long-row kernels then take fixed shares
+ * of the rows; same results). Returns LNORM_OK once everything is enqueued,
  * or LNORM_ECUDA (*why names the failing call) if a CUDA call failed. */
 int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const char **why);
 
@@ -57,11 +62,12 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc);
 /* Simple entry point for ctypes harnesses: one contiguous-or-strided
  * segment given by plain arguments (device pointers, optional ones NULL;
  * dtypes as lnorm_dtype, y_dtype/param_dtype 0 = same as x). Runs on
- * stream and returns an lnorm error code. */
+ * stream, with the workspace ws of that stream if not NULL (as
+ * lnorm_cuda_run), and returns an lnorm error code. */
 int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t rows, int64_t hidden,
                     int64_t x_stride, int64_t y_stride, const void *x, void *y, const void *residual,
                     void *residual_out, const void *gamma, const void *beta, float *mean, float *rstd,
-                    float eps, int eps_mode, void *stream);
+                    float eps, int eps_mode, void *stream, lnorm_cuda_ws *ws);
 
 /* Tuning knobs for benchmarks and A/B runs (process-wide, not thread-safe
  * against concurrent launches): "bulk" 0/1/2 (the bulk-copy kernels: off,
@@ -75,7 +81,8 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * kernel for segments whose x, y, gamma and beta are 16-byte aligned and
  * whose H and strides are whole 16-byte units: off, where it pays
  * (default: every op and dtype but RMSNorm with 16-bit x), wherever rows
- * allow); "defaults" 0 puts every knob back to its initial value. Every
+ * allow), "bulk_dynamic" 0/1 (dynamic tiles for launches with a workspace:
+ * off, on (default)); "defaults" 0 puts every knob back to its initial value. Every
  * setting gives the same output bits. Returns LNORM_EINVAL for an unknown name or
  * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
@@ -83,8 +90,9 @@ int lnorm_cuda_set_tuning(const char *name, int value);
 /* Process-wide counters, for tests and benchmarks: "bulk_launches" (launches
  * that ran the bulk-copy kernels), "bulk_fallbacks" (launches marked for
  * them that ran the kernels without bulk copies because the stages did not
- * fit or the device refused the set-up) and "aligned_launches" (launches of
- * the fast kernel's straight-line form). -1 for an unknown name. */
+ * fit or the device refused the set-up), "aligned_launches" (launches of
+ * the fast kernel's straight-line form) and "dynamic_launches" (bulk
+ * launches whose CTAs took dynamic tiles). -1 for an unknown name. */
 long lnorm_cuda_stat(const char *name);
 
 #ifdef __cplusplus

@@ -73,6 +73,10 @@ extern long lnorm__al_launches;
  * the kernels without bulk copies (lnorm_cuda_stat). */
 extern long lnorm__bulk_launches;
 extern long lnorm__bulk_fallbacks;
+/* Dynamic tiles (kparams.sched) for launches that have a workspace: 1
+ * (default) on, 0 off (every CTA takes a fixed share of the tiles). */
+extern int lnorm__bulk_dynamic;
+extern long lnorm__dyn_launches; /* bulk launches that took dynamic tiles */
 
 /* The parameters of one launch: either a device table of nsegs segments
  * sorted by row_begin, or (table NULL) the single segment `one` inline.
@@ -84,6 +88,12 @@ typedef struct lnorm__kparams {
     int32_t nsegs;
     int32_t fast;
     lnorm__kseg one;
+    /* Dynamic tiles of the bulk kernels that read rows from shared memory
+     * (tiers 10 and up): sched[0] hands out tiles, sched[1] counts the CTAs
+     * that finished; the last one puts both back to 0. Device memory of the
+     * launch's workspace (one per stream, lnorm_cuda_ws), zero before the
+     * launch; NULL: each CTA takes every gridDim-th tile. */
+    unsigned int *sched;
 } lnorm__kparams;
 
 /* The tiers, by hidden size. A register tier holds the row in registers

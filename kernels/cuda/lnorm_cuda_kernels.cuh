@@ -1549,6 +1549,48 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
         mbar_arrive(bar);
 }
 
+/* Dynamic tiles (kparams.sched; the SMR kernels, launches with a
+ * workspace). With a fixed share of the tiles (CTA or cluster c takes
+ * tiles c, c + grid, ...) the kernel ends with its slowest SM: ncu on the
+ * H200 (2026-11-30, a1fc6a0) showed SMs 8-18% of the kernel's time idle
+ * at its end (f32 RMSNorm H = 32768: active cycles 21% below the average
+ * on the least busy SM, 92% of the elapsed cycles on average). Instead,
+ * the tile of each stage fill is a ticket from the global counter
+ * sched[0]: warp 0's lane 0 takes one (the first fills take one block of
+ * `stages`), and a CTA stops at its first ticket past the last tile. The
+ * atomic's result is first needed one fill later (`ahead`), so no warp
+ * waits for it. In a cluster, rank 0 alone takes tickets and mails each to
+ * its peers (st.async into mail[u % LNORM__TMAIL], counted on that slot's
+ * mbarrier) one fill before they need it, so peers' warp 0 does not wait
+ * either (two tickets ahead: the one mailed at fill u is the one taken at
+ * fill u - 1). A peer of a LayerNorm cluster also bulk-copies the first 16
+ * bytes of each of its rows (h[0], the shift) into x0[stage]. Every CTA
+ * counts itself in sched[1] at its end; the last puts both counters back
+ * to 0 for the next launch on the stream. The tiles a CTA takes change,
+ * the rows' results do not (same bits). */
+#define LNORM__TMAIL 16 /* mail slots: a peer has at most stages + 1 tickets unread */
+struct DynTiles {
+    int64_t tile[LNORM__BULK_MAXST]; /* the tile in each stage, -1: none (the CTA stops there) */
+    int64_t mail[LNORM__TMAIL];      /* cluster peers: tickets from rank 0 */
+    uint64_t mbar[LNORM__TMAIL];
+    int64_t base;                    /* lane 0 of a fetcher: the first of the tickets of fills 0 .. stages - 1 */
+    int64_t ta;                      /* rank 0 of a cluster: the ticket of the next fill u (mailed) */
+    int fin;                         /* lane 0 of warp 0: a ticket past the end was seen */
+    __align__(16) unsigned char x0[LNORM__BULK_MAXST][16]; /* LayerNorm cluster peers: h[0] */
+};
+
+/* Store the 8-byte v into CTA `peer`'s copy of *dst and count 8 bytes on its
+ * copy of mbarrier *bar (st_async_peer for a ticket). */
+__device__ __forceinline__ void st_async_peer_s64(int64_t *dst, int64_t v, uint64_t *bar, uint32_t peer)
+{
+    uint32_t rd, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.s64 [%0], %1, [%2];" ::"r"(rd), "l"(v),
+                 "r"(rb)
+                 : "memory");
+}
+
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
 __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR, NCH, CL>::min_blocks)
     k_bulk(const __grid_constant__ lnorm__kparams p, int stages)
@@ -1568,9 +1610,11 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
     __shared__ ClusterRed<CL, BLOCK / 32> cr;
+    __shared__ DynTiles dt;
     void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
     const int g = (int)(threadIdx.x / TPR);
+    const int lane = (int)(threadIdx.x & 31);
     int rank = 0;
     if constexpr (CL > 1)
         rank = (int)cg::this_cluster().block_rank();
@@ -1579,30 +1623,130 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     const int64_t stage_bytes = rs * RPC;
     const int64_t ntiles = (p.total_rows + RPC - 1) / RPC;
     const bool multi = p.table != nullptr;
+    /* Dynamic tiles (DynTiles above): uniform over the grid. */
+    const bool dyn = SMR && p.sched != nullptr;
+    const bool fetcher = CL == 1 || rank == 0; /* takes the tickets */
     if (threadIdx.x == 0) {
         for (int i = 0; i < stages; i++)
             mbar_init(&bar[i], 1);
+        if (dyn && !fetcher)
+            for (int i = 0; i < LNORM__TMAIL; i++)
+                mbar_init(&dt.mbar[i], 1);
+        dt.fin = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     if constexpr (CL > 1) {
         cluster_red_init(&cr);
-        cg::this_cluster().sync(); /* peers store into cr only after its init */
+        cg::this_cluster().sync(); /* peers store into cr (and dt.mail) only after its init */
     } else {
         __syncthreads();
     }
-    if (threadIdx.x < 32)
+    /* dyn, lane 0 of warp 0 of a fetcher: the ticket taken one fill ahead
+     * (CL == 1: of fill u + 1; a cluster's rank 0: of fill u + 2), whose
+     * value is first needed at the next fill. */
+    unsigned ahead = 0;
+    /* dyn, lane 0 of warp 0: the tile of fill u (the u-th row this CTA or
+     * cluster takes), -1 if none is left. Fills 0 .. stages - 1 are issued
+     * at the start, fill u + stages after fill u's row. */
+    auto ticket = [&](int64_t u) -> int64_t {
+        if (dt.fin)
+            return -1;
+        int64_t tk;
+        if (fetcher) {
+            if (u < stages) {
+                tk = dt.base + u;
+            } else if constexpr (CL == 1) {
+                tk = ahead;
+                ahead = atomicAdd(p.sched, 1u);
+            } else {
+                tk = dt.ta;
+                dt.ta = ahead; /* fill u + 1's ticket, taken at fill u - 1: mail it */
+                if (tk < ntiles)
+                    for (int k = 1; k < CL; k++)
+                        st_async_peer_s64(&dt.mail[(u + 1) % LNORM__TMAIL], dt.ta,
+                                          &dt.mbar[(u + 1) % LNORM__TMAIL], (uint32_t)k);
+                ahead = atomicAdd(p.sched, 1u);
+            }
+        } else {
+            const int m = (int)(u % LNORM__TMAIL);
+            mbar_arrive_expect_tx(&dt.mbar[m], 8u);
+            mbar_wait(&dt.mbar[m], (uint32_t)((u / LNORM__TMAIL) & 1));
+            tk = dt.mail[m];
+        }
+        if (tk >= ntiles) {
+            dt.fin = 1;
+            tk = -1;
+        }
+        return tk;
+    };
+    /* Warp 0: stage sx gets fill u's tile (static: tile cid + u * ncl). */
+    auto issue = [&](int64_t u, int sx) {
+        unsigned char *dst = stage_mem + sx * stage_bytes;
+        int64_t nt;
+        if (dyn) {
+            nt = -1;
+            if (lane == 0) {
+                nt = ticket(u);
+                dt.tile[sx] = nt;
+            }
+            nt = __shfl_sync(0xffffffffu, nt, 0);
+        } else {
+            nt = cid + u * ncl;
+            if (nt >= ntiles)
+                return;
+        }
+        if (nt < 0) {
+            if (lane == 0)
+                mbar_arrive(&bar[sx]); /* the stage's "no tile" */
+            return;
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        if constexpr (CL > 1 && !RMS) {
+            if (dyn && rank != 0 && lane == 0) { /* h[0] of the row, for the shift */
+                const lnorm__kseg *s0 = find_seg(p, nt);
+                mbar_expect_tx(&bar[sx], 16u);
+                bulk_load(dt.x0[sx], (const TX *)s0->x + (nt - s0->row_begin) * s0->x_stride, 16u, &bar[sx]);
+            }
+        }
+        bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, dst, rs, &bar[sx]);
+    };
+    if (threadIdx.x < 32) {
+        if (dyn && fetcher && lane == 0) {
+            dt.base = atomicAdd(p.sched, (unsigned)stages);
+            ahead = atomicAdd(p.sched, 1u);
+            if constexpr (CL > 1) {
+                /* Mail fills 0 .. stages (the first past the end last). */
+                dt.ta = ahead;
+                ahead = atomicAdd(p.sched, 1u);
+                for (int u = 0; u <= stages; u++) {
+                    const int64_t tk = u < stages ? dt.base + u : dt.ta;
+                    for (int k = 1; k < CL; k++)
+                        st_async_peer_s64(&dt.mail[u], tk, &dt.mbar[u], (uint32_t)k);
+                    if (tk >= ntiles)
+                        break;
+                }
+            }
+        }
         for (int i = 0; i < stages; i++)
-            if (cid + i * ncl < ntiles)
-                bulk_issue<TX, TPR, NCH, CL, RPC>(p, cid + i * ncl, rank, stage_mem + i * stage_bytes, rs, &bar[i]);
+            issue(i, i);
+    }
     int par = 0;
     uint4 gcache[NGC], bcache[NGC];
     const lnorm__kseg *cs = nullptr;
     int st = 0;
     uint32_t phase = 0;
     for (int64_t k = 0;; k++) {
-        const int64_t tile = cid + k * ncl;
-        if (tile >= ntiles)
-            break;
+        int64_t tile;
+        if (dyn) {
+            mbar_wait(&bar[st], phase);
+            tile = dt.tile[st];
+            if (tile < 0)
+                break;
+        } else {
+            tile = cid + k * ncl;
+            if (tile >= ntiles)
+                break;
+        }
         const int64_t row = tile * RPC + g;
         const bool active = row < p.total_rows;
         const int64_t rr = active ? row : p.total_rows - 1;
@@ -1610,12 +1754,20 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         const int64_t r = rr - s->row_begin;
         const int H = active ? (int)s->hidden : 0;
         /* A cluster CTA other than rank 0 has not staged h[0]: read it
-         * from global memory before waiting, so the load overlaps the wait. */
+         * from global memory before waiting, so the load overlaps the wait
+         * (dyn: its 16 bytes were copied into dt.x0 with the slice). */
         TX x0 = TX(0.0f);
-        if constexpr (CL > 1 && !RMS)
-            if (H > 0)
-                x0 = ((const TX *)s->x + r * s->x_stride)[0];
-        mbar_wait(&bar[st], phase);
+        if constexpr (CL > 1 && !RMS) {
+            if (H > 0) {
+                if (dyn)
+                    x0 = rank == 0 ? *reinterpret_cast<const TX *>(stage_mem + st * stage_bytes)
+                                   : *reinterpret_cast<const TX *>(dt.x0[st]);
+                else
+                    x0 = ((const TX *)s->x + r * s->x_stride)[0];
+            }
+        }
+        if (!dyn)
+            mbar_wait(&bar[st], phase);
         const unsigned char *src = stage_mem + st * stage_bytes + g * rs;
         uint4 raw[NCH];
         if constexpr (!SMR) {
@@ -1634,18 +1786,14 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                 K = shift_of<TX>(x0);
         }
         /* Stage st is read (SMR: once the row is done): refill it with
-         * tile k + stages. */
+         * fill k + stages. */
         auto refill = [&]() {
             __syncthreads();
             if (threadIdx.x < 32) {
-                const int64_t nt = cid + (k + stages) * ncl;
                 if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
                     if (threadIdx.x == 0)
                         bulk_store_wait_read();
-                if (nt < ntiles) {
-                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
-                }
+                issue(k + stages, st);
             }
             if (++st == stages) {
                 st = 0;
@@ -1687,6 +1835,16 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     if constexpr (SMR && TStore<RMS, CL>::value)
         if (threadIdx.x == 0)
             bulk_store_wait(); /* y's copies done */
+    if (dyn && threadIdx.x == 0) {
+        /* Every ticket this CTA took is performed before it counts itself;
+         * the last CTA puts the counters back for the next launch. */
+        __threadfence();
+        if (atomicAdd(p.sched + 1, 1u) == gridDim.x - 1) {
+            __threadfence();
+            atomicExch(p.sched, 0u);
+            atomicExch(p.sched + 1, 0u);
+        }
+    }
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
 }
@@ -1747,7 +1905,8 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * three stages each where they fit (SMR holds a stage through the
      * whole row), less each CTA's static shared memory and the 1 KiB the SM
      * reserves per CTA; "bulk_smem_kb" does not apply to them. */
-    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + 8 * LNORM__BULK_MAXST +
+    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + (int64_t)sizeof(DynTiles) +
+                                   8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     int n = occ, stages = 0;
@@ -1862,8 +2021,11 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
         else
             e = rms ? launch_bulk<TX, TX, true, TPR, NCH, CL>(p, st) : launch_bulk<TX, TX, false, TPR, NCH, CL>(p, st);
         if (e != cudaErrorInvalidValue) { /* InvalidValue: the stages do not fit, nothing was launched */
-            if (e == cudaSuccess)
+            if (e == cudaSuccess) {
                 __atomic_fetch_add(&lnorm__bulk_launches, 1L, __ATOMIC_RELAXED);
+                if (p->sched != nullptr && LNORM__SMR(TPR, CL))
+                    __atomic_fetch_add(&lnorm__dyn_launches, 1L, __ATOMIC_RELAXED);
+            }
             return e;
         }
         __atomic_fetch_add(&lnorm__bulk_fallbacks, 1L, __ATOMIC_RELAXED);

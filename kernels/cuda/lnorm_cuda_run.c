@@ -16,6 +16,7 @@ struct lnorm_cuda_ws {
     size_t cap;          /* segments */
     cudaEvent_t copied;  /* recorded after the last upload from host */
     int pending;         /* an upload was recorded and not yet waited for */
+    unsigned int *sched; /* device: the dynamic-tile counters (kparams.sched), zero between launches */
 };
 
 /* One tier's shape: TPR threads per row, NCH 16-byte chunks per thread, CL
@@ -73,6 +74,9 @@ int lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
 long lnorm__al_launches = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
+long lnorm__dyn_launches = 0;
+#define LNORM__INIT_BULK_DYNAMIC 1
+int lnorm__bulk_dynamic = LNORM__INIT_BULK_DYNAMIC;
 
 long lnorm_cuda_stat(const char *name)
 {
@@ -80,6 +84,8 @@ long lnorm_cuda_stat(const char *name)
         return __atomic_load_n(&lnorm__bulk_launches, __ATOMIC_RELAXED);
     if (name && !strcmp(name, "bulk_fallbacks"))
         return __atomic_load_n(&lnorm__bulk_fallbacks, __ATOMIC_RELAXED);
+    if (name && !strcmp(name, "dynamic_launches"))
+        return __atomic_load_n(&lnorm__dyn_launches, __ATOMIC_RELAXED);
     if (name && !strcmp(name, "aligned_launches"))
         return __atomic_load_n(&lnorm__al_launches, __ATOMIC_RELAXED);
     return -1;
@@ -96,6 +102,7 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_smem_kb = LNORM__INIT_BULK_SMEM_KB;
         lnorm__fast_grid = 0;
         lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
+        lnorm__bulk_dynamic = LNORM__INIT_BULK_DYNAMIC;
     } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
     else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
@@ -108,6 +115,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_grid = value;
     else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 2)
         lnorm__fast_aligned = value;
+    else if (!strcmp(name, "bulk_dynamic") && value >= 0 && value <= 1)
+        lnorm__bulk_dynamic = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;
@@ -304,7 +313,18 @@ int lnorm_cuda_launch_count(const lnorm_batch *b)
     return n;
 }
 
-int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why)
+/* The dynamic-tile counters a launch of total_rows rows may use: the
+ * workspace's, unless there is none, the knob is off or the tickets could
+ * pass 2^31 (a launch takes at most total_rows + 4 x its CTAs). */
+static unsigned int *lnorm__sched(const lnorm_cuda_ws *ws, int64_t total_rows)
+{
+    if (!ws || !lnorm__bulk_dynamic || total_rows > (int64_t)1 << 30)
+        return NULL;
+    return ws->sched;
+}
+
+/* Validate and launch one segment; ws may be NULL (no dynamic tiles). */
+static int lnorm__run_one(const lnorm_segment *s, void *stream, lnorm_cuda_ws *ws, const char **why)
 {
     int rc = lnorm_segment_validate(s, why);
     if (rc)
@@ -314,6 +334,7 @@ int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **wh
     lnorm__to_kseg(&p.one, s, 0);
     p.total_rows = s->rows;
     p.nsegs = 1;
+    p.sched = lnorm__sched(ws, s->rows);
     const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
     p.fast = lnorm__fast_variant(s, tier);
     int e = lnorm__launch(s->x_dtype, tier, &p, stream);
@@ -323,6 +344,11 @@ int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **wh
         return LNORM_ECUDA;
     }
     return LNORM_OK;
+}
+
+int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why)
+{
+    return lnorm__run_one(s, stream, NULL, why);
 }
 
 int lnorm_cuda_ws_create(lnorm_cuda_ws **out, size_t max_segs)
@@ -336,6 +362,12 @@ int lnorm_cuda_ws_create(lnorm_cuda_ws **out, size_t max_segs)
     if (cudaMallocHost((void **)&ws->host, max_segs * sizeof(lnorm__kseg)) != cudaSuccess)
         goto fail;
     if (cudaMalloc((void **)&ws->dev, max_segs * sizeof(lnorm__kseg)) != cudaSuccess)
+        goto fail;
+    if (cudaMalloc((void **)&ws->sched, 2 * sizeof(unsigned int)) != cudaSuccess) {
+        ws->sched = NULL;
+        goto fail;
+    }
+    if (cudaMemset(ws->sched, 0, 2 * sizeof(unsigned int)) != cudaSuccess)
         goto fail;
     if (cudaEventCreateWithFlags(&ws->copied, cudaEventDisableTiming) != cudaSuccess) {
         ws->copied = NULL;
@@ -359,6 +391,8 @@ void lnorm_cuda_ws_destroy(lnorm_cuda_ws *ws)
     }
     if (ws->dev)
         cudaFree(ws->dev);
+    if (ws->sched)
+        cudaFree(ws->sched);
     if (ws->host)
         cudaFreeHost(ws->host);
     free(ws);
@@ -372,7 +406,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
     if (b->nsegs == 0)
         return LNORM_OK;
     if (b->nsegs == 1)
-        return lnorm_cuda_run_segment(&b->segs[0], stream, why);
+        return lnorm__run_one(&b->segs[0], stream, ws, why);
     if (!ws) {
         if (why)
             *why = "ws: a workspace is required for more than one segment";
@@ -465,7 +499,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
         for (int g = 0; g < ng && rc == LNORM_OK; g++) {
             const size_t *ix = idx + start[gk[g]] + gpos[g];
             if (gn[g] == 1) {
-                rc = lnorm_cuda_run_segment(&b->segs[ix[0]], stream, why);
+                rc = lnorm__run_one(&b->segs[ix[0]], stream, ws, why);
             } else {
                 const lnorm_segment *s0 = &b->segs[ix[0]];
                 lnorm__kparams p;
@@ -474,6 +508,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
                 p.nsegs = (int32_t)gn[g];
                 for (size_t i = 0; i < gn[g]; i++)
                     p.total_rows += b->segs[ix[i]].rows;
+                p.sched = lnorm__sched(ws, p.total_rows);
                 const int tier = lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL);
                 /* The group's variant, from its key: the same for every
                  * segment of the group even if the tuning knobs changed
@@ -495,7 +530,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
 int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t rows, int64_t hidden,
                     int64_t x_stride, int64_t y_stride, const void *x, void *y, const void *residual,
                     void *residual_out, const void *gamma, const void *beta, float *mean, float *rstd,
-                    float eps, int eps_mode, void *stream)
+                    float eps, int eps_mode, void *stream, lnorm_cuda_ws *ws)
 {
     lnorm_segment s;
     lnorm_segment_init(&s, (lnorm_op)op, (lnorm_dtype)x_dtype, rows, hidden);
@@ -517,5 +552,5 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
     s.rstd = rstd;
     s.eps = eps;
     s.eps_mode = eps_mode;
-    return lnorm_cuda_run_segment(&s, stream, NULL);
+    return lnorm__run_one(&s, stream, ws, NULL);
 }

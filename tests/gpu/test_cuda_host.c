@@ -42,6 +42,12 @@ cudaError_t cudaFree(void *p)
     return cudaSuccess;
 }
 
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
 cudaError_t cudaMallocHost(void **p, size_t n)
 {
     return cudaMalloc(p, n);
@@ -97,6 +103,7 @@ const char *cudaGetErrorString(cudaError_t e)
 typedef struct launch {
     int x_dtype, tier, fast, nsegs;
     int64_t total_rows;
+    const unsigned int *sched;
     lnorm__kseg segs[16]; /* the table entries (or the inline segment) */
 } launch;
 
@@ -113,6 +120,7 @@ static int record(int x_dtype, int tier, const lnorm__kparams *p)
     l->fast = p->fast;
     l->nsegs = p->nsegs;
     l->total_rows = p->total_rows;
+    l->sched = p->sched;
     if (p->table) {
         for (int i = 0; i < p->nsegs && i < 16; i++)
             l->segs[i] = p->table[i]; /* the stand-in "device" memory is host memory */
@@ -218,6 +226,7 @@ static int variant_of(const lnorm_segment *s)
     const char *why = NULL;
     int rc = lnorm_cuda_run_segment(s, NULL, &why);
     CHECK(rc == LNORM_OK && g_nl == 1, "run_segment: rc %d (%s), %d launches", rc, why ? why : "", g_nl);
+    CHECK(g_nl != 1 || g_l[0].sched == NULL, "run_segment has no workspace: no dynamic tiles");
     return g_nl == 1 ? g_l[0].fast : -1;
 }
 
@@ -373,6 +382,23 @@ static void batch(int al_setting)
     const int want_al[3] = {0, 1 + (LNORM_CUDA_AL_POLICY >= 2) + (LNORM_CUDA_AL_POLICY == 2), 3};
     CHECK(al_launches == want_al[al_setting], "fast_aligned %d: %d AL launches, want %d", al_setting, al_launches,
           want_al[al_setting]);
+    /* Dynamic tiles: every launch of a batch run with a workspace gets its
+     * counters, zero (the stand-in device memory is host memory); none once
+     * the knob is off. */
+    for (int i = 0; i < g_nl; i++)
+        CHECK(g_l[i].sched != NULL && g_l[i].sched[0] == 0 && g_l[i].sched[1] == 0,
+              "launch %d: no (or nonzero) dynamic-tile counters", i);
+    CHECK(lnorm_cuda_set_tuning("bulk_dynamic", 0) == LNORM_OK, "bulk_dynamic 0");
+    g_nl = 0;
+    rc = lnorm_cuda_run(&b, NULL, ws, &why);
+    CHECK(rc == LNORM_OK && g_nl == want_launches, "batch run without dynamic tiles: %d, %d launches", rc, g_nl);
+    for (int i = 0; i < g_nl; i++)
+        CHECK(g_l[i].sched == NULL, "launch %d: dynamic tiles although bulk_dynamic is 0", i);
+    CHECK(lnorm_cuda_set_tuning("bulk_dynamic", 2) == LNORM_EINVAL, "bulk_dynamic 2 must be refused");
+    CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults");
+    g_nl = 0;
+    rc = lnorm_cuda_run(&b, NULL, ws, &why);
+    CHECK(rc == LNORM_OK && g_nl > 0 && g_l[0].sched != NULL, "defaults: dynamic tiles back on");
     lnorm_cuda_ws_destroy(ws);
     tune(1, 1);
 }

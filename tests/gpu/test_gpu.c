@@ -165,8 +165,10 @@ static int outs_same(const outs *o, const lnorm_test_case *tc)
 }
 
 /* Run tc on the GPU (shifted by one element if misalign); outputs land in
- * tc's host buffers. */
-static int gpu_run(lnorm_test_case *tc, int misalign, const char **why)
+ * tc's host buffers. With a workspace ws, through lnorm_cuda_run (a batch of
+ * one segment: the long-row kernels take dynamic tiles), else through
+ * lnorm_cuda_run_segment. */
+static int gpu_run_ws(lnorm_test_case *tc, int misalign, lnorm_cuda_ws *ws, const char **why)
 {
     lnorm_gpu_case gc;
     lnorm_test_case_repoison(tc);
@@ -175,13 +177,23 @@ static int gpu_run(lnorm_test_case *tc, int misalign, const char **why)
         *why = "device allocation/upload";
         return err;
     }
-    err = lnorm_cuda_run_segment(&gc.seg, NULL, why);
+    if (ws) {
+        lnorm_batch b = {&gc.seg, 1};
+        err = lnorm_cuda_run(&b, NULL, ws, why);
+    } else {
+        err = lnorm_cuda_run_segment(&gc.seg, NULL, why);
+    }
     if (err == LNORM_OK && lnorm_gpu_case_fetch(&gc, tc) != LNORM_OK) {
         *why = cudaGetErrorString(cudaGetLastError());
         err = LNORM_ECUDA;
     }
     lnorm_gpu_case_free(&gc);
     return err;
+}
+
+static int gpu_run(lnorm_test_case *tc, int misalign, const char **why)
+{
+    return gpu_run_ws(tc, misalign, NULL, why);
 }
 
 static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_align)
@@ -611,24 +623,38 @@ static void bulk_table(lnorm_rng *g)
  * every CTA wraps around its ring of stages several times (few CTAs per SM
  * and two stages forced through lnorm_cuda_set_tuning, then the launcher's
  * own choice), contiguous and padded (16-byte aligned) rows, every x dtype,
- * both ops, parameters of x's dtype and f32, one-CTA and cluster tiers.
- * Each result is checked against the float64 reference (outputs poisoned
- * first) and must be bit-identical to the k_fast / k_reg result
- * (bulk off). */
+ * both ops, parameters of x's dtype and f32, one-CTA and cluster tiers
+ * (clusters of 2 to 16 CTAs). Each result is checked against the float64
+ * reference (outputs poisoned first) and must be bit-identical to the
+ * k_fast / k_reg result (bulk off). The runs with a workspace take dynamic
+ * tiles in the kernels that read rows from shared memory (tiers of 1024
+ * threads a row): each must have run such a launch there (counter
+ * "dynamic_launches"), and they run one after another on one workspace, so
+ * a counter the kernel failed to put back would leave rows unwritten. */
 static void bulk_pipeline(lnorm_rng *g, int quick)
 {
-    static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 20000, 40000};
+    static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 20000, 40000, 100000, 200000};
     static const struct {
         const char *name;
-        int bulk, stages, ctas, grid, aligned;
-    } runs[] = {{"bulk off", 0, 0, 0, 0, 0},
-                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0},
-                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0},
-                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2},
-                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0},
-                {"bulk forced, 3 stages", 2, 3, 0, 0, 0},
-                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0},
-                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1}};
+        int bulk, stages, ctas, grid, aligned, dyn;
+    } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0},
+                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0},
+                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0},
+                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2, 0},
+                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0, 0},
+                {"bulk forced, 3 stages", 2, 3, 0, 0, 0, 0},
+                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0, 0},
+                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1, 0},
+                {"bulk forced, 2 stages, dynamic tiles", 2, 2, 0, 0, 0, 1},
+                {"bulk forced, launcher's choice, dynamic tiles", 2, 0, 0, 0, 0, 1},
+                {"default policy, dynamic tiles", 1, 0, 0, 0, 1, 1},
+                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1}};
+    lnorm_cuda_ws *ws = NULL;
+    if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
+        fprintf(stderr, "FAIL bulk pipeline: lnorm_cuda_ws_create\n");
+        g_fails++;
+        return;
+    }
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long fails = 0, cases = 0;
@@ -687,7 +713,8 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         }
                         const char *why = NULL;
                         const long nb = lnorm_cuda_stat("bulk_launches");
-                        int err = gpu_run(&tc, 0, &why);
+                        const long nd = lnorm_cuda_stat("dynamic_launches");
+                        int err = gpu_run_ws(&tc, 0, runs[ri].dyn ? ws : NULL, &why);
                         if (err) {
                             fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
                                     why ? why : "");
@@ -699,6 +726,18 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         if (runs[ri].bulk != 1 && ran != want) {
                             fprintf(stderr, "FAIL %s (%s): %ld bulk launches, expected %ld\n", label, runs[ri].name,
                                     ran, want);
+                            fails++;
+                        }
+                        /* Tiers of 1024 threads a row (10 and up, not the
+                         * streaming one) run the bulk kernel under every
+                         * policy, with dynamic tiles given a workspace. */
+                        const int tier = lnorm_cuda_tier(c.x_dtype, c.hidden, NULL);
+                        const long dyn = lnorm_cuda_stat("dynamic_launches") - nd;
+                        const long want_dyn = runs[ri].dyn && runs[ri].bulk && tier >= 10 &&
+                                               tier < lnorm_cuda_tier(c.x_dtype, (int64_t)1 << 24, NULL);
+                        if (dyn != want_dyn) {
+                            fprintf(stderr, "FAIL %s (%s): %ld launches with dynamic tiles, expected %ld\n", label,
+                                    runs[ri].name, dyn, want_dyn);
                             fails++;
                         }
                         if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
@@ -721,6 +760,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     lnorm_cuda_set_tuning("bulk_ctas", 0);
     lnorm_cuda_set_tuning("fast_grid", 0);
     lnorm_cuda_set_tuning("fast_aligned", 1);
+    lnorm_cuda_ws_destroy(ws);
     g_cases += cases;
     g_fails += fails;
     printf("bulk pipeline: %ld shapes x %zu settings: %s\n", cases, sizeof runs / sizeof *runs, fails ? "FAIL" : "ok");
