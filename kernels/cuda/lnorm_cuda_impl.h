@@ -256,6 +256,18 @@ typedef struct lnorm__kparams {
 #endif
 #define LNORM__SMR(tpr, cl) (((cl) > 1 || (tpr) >= 1024) && LNORM_CUDA_CLU_SMEM)
 
+/* Which SMR kernels take dynamic tiles (kparams.sched) when the launch has
+ * a workspace: LayerNorm / RMSNorm ones of up to this many CTAs a row (0:
+ * none; the others compile to the fixed-share form alone). */
+#ifndef LNORM_CUDA_DYN_LN_CL
+#define LNORM_CUDA_DYN_LN_CL 16
+#endif
+#ifndef LNORM_CUDA_DYN_RMS_CL
+#define LNORM_CUDA_DYN_RMS_CL 16
+#endif
+#define LNORM__DYN(rms, tpr, cl) \
+    (LNORM__SMR(tpr, cl) && (cl) <= ((rms) ? LNORM_CUDA_DYN_RMS_CL : LNORM_CUDA_DYN_LN_CL))
+
 /* Number of register tiers; tier LNORM__NREG_TIERS is the streaming one. */
 #define LNORM__NREG_TIERS 15
 

@@ -1579,6 +1579,23 @@ struct DynTiles {
     __align__(16) unsigned char x0[LNORM__BULK_MAXST][16]; /* LayerNorm cluster peers: h[0] */
 };
 
+/* Take n tickets from counter *c (the first one's number). ptxas gathers a
+ * warp's atomic additions and broadcasts the result with a shuffle right
+ * after the atomic, so the warp waits for it there (also for atom.inc with
+ * a wrap of 2^32 - 1, which it turns into an addition). A single ticket is
+ * taken by atom.inc with a wrap `lim` known only at run time (the caller's
+ * ~0u that the compiler cannot see), which it leaves alone: the result is
+ * waited for where it is first used, a fill later. */
+__device__ __forceinline__ unsigned ticket_take(unsigned *c, unsigned n, unsigned lim = 0xffffffffu)
+{
+    unsigned v;
+    if (n == 1)
+        asm volatile("atom.global.inc.u32 %0, [%1], %2;" : "=r"(v) : "l"(c), "r"(lim) : "memory");
+    else
+        asm volatile("atom.global.add.u32 %0, [%1], %2;" : "=r"(v) : "l"(c), "r"(n) : "memory");
+    return v;
+}
+
 /* Store the 8-byte v into CTA `peer`'s copy of *dst and count 8 bytes on its
  * copy of mbarrier *bar (st_async_peer for a ticket). */
 __device__ __forceinline__ void st_async_peer_s64(int64_t *dst, int64_t v, uint64_t *bar, uint32_t peer)
@@ -1623,16 +1640,20 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     const int64_t stage_bytes = rs * RPC;
     const int64_t ntiles = (p.total_rows + RPC - 1) / RPC;
     const bool multi = p.table != nullptr;
-    /* Dynamic tiles (DynTiles above): uniform over the grid. */
-    const bool dyn = SMR && p.sched != nullptr;
+    /* Dynamic tiles (DynTiles above): uniform over the grid; compiled in
+     * where LNORM__DYN says. */
+    constexpr bool DYN = LNORM__DYN(RMS, TPR, CL);
+    const bool dyn = DYN && p.sched != nullptr;
     const bool fetcher = CL == 1 || rank == 0; /* takes the tickets */
     if (threadIdx.x == 0) {
         for (int i = 0; i < stages; i++)
             mbar_init(&bar[i], 1);
-        if (dyn && !fetcher)
-            for (int i = 0; i < LNORM__TMAIL; i++)
-                mbar_init(&dt.mbar[i], 1);
-        dt.fin = 0;
+        if constexpr (DYN) {
+            if (dyn && !fetcher)
+                for (int i = 0; i < LNORM__TMAIL; i++)
+                    mbar_init(&dt.mbar[i], 1);
+            dt.fin = 0;
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     if constexpr (CL > 1) {
@@ -1645,6 +1666,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
      * (CL == 1: of fill u + 1; a cluster's rank 0: of fill u + 2), whose
      * value is first needed at the next fill. */
     unsigned ahead = 0;
+    /* 2^32 - 1 (total_rows >= 0), the wrap of ticket_take's atom.inc. */
+    const unsigned lim = ~(unsigned)(p.total_rows >> 63);
     /* dyn, lane 0 of warp 0: the tile of fill u (the u-th row this CTA or
      * cluster takes), -1 if none is left. Fills 0 .. stages - 1 are issued
      * at the start, fill u + stages after fill u's row. */
@@ -1657,7 +1680,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                 tk = dt.base + u;
             } else if constexpr (CL == 1) {
                 tk = ahead;
-                ahead = atomicAdd(p.sched, 1u);
+                ahead = ticket_take(p.sched, 1u, lim);
             } else {
                 tk = dt.ta;
                 dt.ta = ahead; /* fill u + 1's ticket, taken at fill u - 1: mail it */
@@ -1665,7 +1688,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                     for (int k = 1; k < CL; k++)
                         st_async_peer_s64(&dt.mail[(u + 1) % LNORM__TMAIL], dt.ta,
                                           &dt.mbar[(u + 1) % LNORM__TMAIL], (uint32_t)k);
-                ahead = atomicAdd(p.sched, 1u);
+                ahead = ticket_take(p.sched, 1u, lim);
             }
         } else {
             const int m = (int)(u % LNORM__TMAIL);
@@ -1710,14 +1733,20 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         }
         bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, dst, rs, &bar[sx]);
     };
-    if (threadIdx.x < 32) {
+    if constexpr (!DYN) { /* the fixed shares alone */
+        if (threadIdx.x < 32)
+            for (int i = 0; i < stages; i++)
+                if (cid + i * ncl < ntiles)
+                    bulk_issue<TX, TPR, NCH, CL, RPC>(p, cid + i * ncl, rank, stage_mem + i * stage_bytes, rs,
+                                                      &bar[i]);
+    } else if (threadIdx.x < 32) {
         if (dyn && fetcher && lane == 0) {
-            dt.base = atomicAdd(p.sched, (unsigned)stages);
-            ahead = atomicAdd(p.sched, 1u);
+            dt.base = ticket_take(p.sched, (unsigned)stages);
+            ahead = ticket_take(p.sched, 1u, lim);
             if constexpr (CL > 1) {
                 /* Mail fills 0 .. stages (the first past the end last). */
                 dt.ta = ahead;
-                ahead = atomicAdd(p.sched, 1u);
+                ahead = ticket_take(p.sched, 1u, lim);
                 for (int u = 0; u <= stages; u++) {
                     const int64_t tk = u < stages ? dt.base + u : dt.ta;
                     for (int k = 1; k < CL; k++)
@@ -1790,10 +1819,21 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         auto refill = [&]() {
             __syncthreads();
             if (threadIdx.x < 32) {
-                if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
-                    if (threadIdx.x == 0)
-                        bulk_store_wait_read();
-                issue(k + stages, st);
+                if constexpr (DYN) {
+                    if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
+                        if (threadIdx.x == 0)
+                            bulk_store_wait_read();
+                    issue(k + stages, st);
+                } else {
+                    const int64_t nt = cid + (k + stages) * ncl;
+                    if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
+                        if (threadIdx.x == 0)
+                            bulk_store_wait_read();
+                    if (nt < ntiles) {
+                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                        bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
+                    }
+                }
             }
             if (++st == stages) {
                 st = 0;
@@ -2023,7 +2063,7 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
         if (e != cudaErrorInvalidValue) { /* InvalidValue: the stages do not fit, nothing was launched */
             if (e == cudaSuccess) {
                 __atomic_fetch_add(&lnorm__bulk_launches, 1L, __ATOMIC_RELAXED);
-                if (p->sched != nullptr && LNORM__SMR(TPR, CL))
+                if (p->sched != nullptr && LNORM__DYN(rms, TPR, CL))
                     __atomic_fetch_add(&lnorm__dyn_launches, 1L, __ATOMIC_RELAXED);
             }
             return e;
