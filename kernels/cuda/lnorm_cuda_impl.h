@@ -258,12 +258,21 @@ typedef struct lnorm__kparams {
 
 /* Which SMR kernels take dynamic tiles (kparams.sched) when the launch has
  * a workspace: LayerNorm / RMSNorm ones of up to this many CTAs a row (0:
- * none; the others compile to the fixed-share form alone). */
+ * none; the others compile to the fixed-share form alone, whose opcode
+ * sequence is the one before dynamic tiles). Same run on the H200
+ * (bench/results/kernels-2026-11-30-e9a99a0-ab.log: dynamic tiles in every
+ * SMR kernel against build `old`, 0 / 0): one CTA a row (tier 10) f32
+ * LayerNorm / RMSNorm H = 16384 3960 / 3964 GB/s against 3739 / 3797, bf16
+ * RMSNorm H = 32768 +2%, bf16 LayerNorm H = 32768 equal; RMSNorm in
+ * clusters of 2 and 4 +3..+6%; in clusters of 8 and 16 RMSNorm 7-11%
+ * slower and LayerNorm in every cluster 2-8% slower (those kernels spill
+ * 8-16 bytes with the ticket code compiled in and run slower even with
+ * bulk_dynamic 0). */
 #ifndef LNORM_CUDA_DYN_LN_CL
-#define LNORM_CUDA_DYN_LN_CL 16
+#define LNORM_CUDA_DYN_LN_CL 1
 #endif
 #ifndef LNORM_CUDA_DYN_RMS_CL
-#define LNORM_CUDA_DYN_RMS_CL 16
+#define LNORM_CUDA_DYN_RMS_CL 4
 #endif
 #define LNORM__DYN(rms, tpr, cl) \
     (LNORM__SMR(tpr, cl) && (cl) <= ((rms) ? LNORM_CUDA_DYN_RMS_CL : LNORM_CUDA_DYN_LN_CL))
