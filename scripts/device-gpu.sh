@@ -44,7 +44,7 @@ case ",$STEPS," in *,quick,*)
   step gpu-test-quick 150 "$OUT/quick-test.log" "$B/tests/gpu/test_gpu" --quick ;;
 esac
 case ",$STEPS," in *,test,*)
-  step gpu-test 240 "$OUT/gpu-test.log" "$B/tests/gpu/test_gpu" ;;
+  step gpu-test 360 "$OUT/gpu-test.log" "$B/tests/gpu/test_gpu" ;;
 esac
 case ",$STEPS," in *,backend,*)
   step gpu-backend 180 "$OUT/gpu-backend.log" "$B/tests/gpu/test_backend_cuda" ;;
