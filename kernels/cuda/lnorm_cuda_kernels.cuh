@@ -201,6 +201,15 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *b, uint32_t byte
                  : "memory");
 }
 
+/* rd, rb: the shared::cluster addresses of CTA `peer`'s copies of this CTA's
+ * shared *dst and mbarrier *bar (same offsets in its shared memory). */
+__device__ __forceinline__ void peer_map(const void *dst, const uint64_t *bar, uint32_t peer, uint32_t &rd,
+                                         uint32_t &rb)
+{
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+}
+
 /* Store v into CTA `peer`'s copy of the shared float *dst (same offset in
  * its shared memory) and count 4 bytes on its copy of mbarrier *bar: an
  * asynchronous distributed shared memory store, visible to the peer once
@@ -208,8 +217,7 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *b, uint32_t byte
 __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar, uint32_t peer)
 {
     uint32_t rd, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+    peer_map(dst, bar, peer, rd, rb);
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(rd), "f"(v),
                  "r"(rb)
                  : "memory");
@@ -1601,8 +1609,7 @@ __device__ __forceinline__ unsigned ticket_take(unsigned *c, unsigned n, unsigne
 __device__ __forceinline__ void st_async_peer_s64(int64_t *dst, int64_t v, uint64_t *bar, uint32_t peer)
 {
     uint32_t rd, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_addr(dst)), "r"(peer));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+    peer_map(dst, bar, peer, rd, rb);
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.s64 [%0], %1, [%2];" ::"r"(rd), "l"(v),
                  "r"(rb)
                  : "memory");
