@@ -314,8 +314,9 @@ int lnorm_cuda_launch_count(const lnorm_batch *b)
 }
 
 /* The dynamic-tile counters a launch of total_rows rows may use: the
- * workspace's, unless there is none, the knob is off or the tickets could
- * pass 2^31 (a launch takes at most total_rows + 4 x its CTAs). */
+ * workspace's, unless there is none or the knob is off, and rows stay far
+ * below the counter's 2^32 (a launch takes at most total_rows + 10 tickets
+ * a CTA: stages + 2). */
 static unsigned int *lnorm__sched(const lnorm_cuda_ws *ws, int64_t total_rows)
 {
     if (!ws || !lnorm__bulk_dynamic || total_rows > (int64_t)1 << 30)
@@ -367,7 +368,10 @@ int lnorm_cuda_ws_create(lnorm_cuda_ws **out, size_t max_segs)
         ws->sched = NULL;
         goto fail;
     }
-    if (cudaMemset(ws->sched, 0, 2 * sizeof(unsigned int)) != cudaSuccess)
+    /* Zero before any launch may use them: the memset runs on the default
+     * stream, which a non-blocking stream (lnormd's slots) does not wait
+     * for, so wait for it here. */
+    if (cudaMemset(ws->sched, 0, 2 * sizeof(unsigned int)) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess)
         goto fail;
     if (cudaEventCreateWithFlags(&ws->copied, cudaEventDisableTiming) != cudaSuccess) {
         ws->copied = NULL;

@@ -16,7 +16,11 @@
  *     k_fast bit-identical to the general kernel (gamma/beta in every
  *     combination, masked tails).
  *  6. Bad input: clear error codes, nothing run.
- * Usage: test_gpu [--quick]  (--quick: a reduced set for compute-sanitizer)
+ *  7. Dynamic tiles (long-row kernels with a workspace): in the bulk
+ *     pipeline runs, and over many fills a cluster (dyn_wrap) against
+ *     float64 and bit-identical to the fixed-share runs.
+ * Usage: test_gpu [--quick | --dyn]  (--quick: a reduced set for
+ * compute-sanitizer; --dyn: part 7's many-fill runs alone)
  * Needs a GPU: exits 1 (never "passes") when none is usable.
  */
 #include <math.h>
@@ -777,6 +781,87 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     printf("bulk pipeline: %ld shapes, %ld runs: %s\n", cases, nruns, fails ? "FAIL" : "ok");
 }
 
+/* Dynamic tiles over many fills: RMSNorm in clusters of 2 (f32 H = 20000,
+ * bf16 H = 40000) and 4 (f32 H = 40000) with about 20 rows a cluster, so
+ * the 16 mail slots of every peer wrap into their second phase (bulk_pipeline
+ * has at most 6 rows a cluster). Each against the float64 reference (outputs
+ * poisoned first) and bit for bit against the same kernel taking fixed
+ * shares (no workspace); the dynamic run must have been one. */
+static void dyn_wrap(lnorm_rng *g)
+{
+    static const struct {
+        int x;
+        int64_t h;
+        int cl;
+    } cs[] = {{LNORM_DTYPE_F32, 20000, 2}, {LNORM_DTYPE_F32, 40000, 4}, {LNORM_DTYPE_BF16, 40000, 2}};
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    lnorm_cuda_ws *ws = NULL;
+    long fails = 0;
+    if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
+        fprintf(stderr, "FAIL dynamic tiles: lnorm_cuda_ws_create\n");
+        g_fails++;
+        return;
+    }
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        lnorm_test_case_cfg c = {0};
+        c.op = LNORM_OP_RMSNORM;
+        c.x_dtype = cs[i].x;
+        c.param_dtype = cs[i].x;
+        c.gamma = 1;
+        c.stats = 1;
+        c.x_mean = 0.25;
+        c.x_spread = 1.5;
+        c.hidden = cs[i].h;
+        c.rows = (int64_t)(sms / cs[i].cl) * 20 + 5;
+        const char *tdesc = "?";
+        lnorm_cuda_tier(c.x_dtype, c.hidden, &tdesc);
+        char label[160];
+        snprintf(label, sizeof label, "dynamic tiles: rms x=%s H=%lld rows=%lld tier=%s", lnorm_dtype_name(c.x_dtype),
+                 (long long)c.hidden, (long long)c.rows, tdesc);
+        int tpr = 0, nch = 0, ncl = 0;
+        if (sscanf(tdesc, "reg%dx%dcl%d", &tpr, &nch, &ncl) != 3 || ncl != cs[i].cl || !LNORM__DYN(1, tpr, ncl)) {
+            fprintf(stderr, "FAIL %s: not a cluster of %d with dynamic tiles\n", label, cs[i].cl);
+            fails++;
+            continue;
+        }
+        lnorm_test_case tc;
+        if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
+            fprintf(stderr, "FAIL %s: out of memory\n", label);
+            fails++;
+            continue;
+        }
+        g_cases++;
+        const char *why = NULL;
+        const long nd = lnorm_cuda_stat("dynamic_launches");
+        int err = gpu_run_ws(&tc, 0, ws, &why);
+        outs dyn;
+        if (err) {
+            fprintf(stderr, "FAIL %s: %s (%s)\n", label, lnorm_errname(err), why ? why : "");
+            fails++;
+        } else if (lnorm_cuda_stat("dynamic_launches") - nd != 1) {
+            fprintf(stderr, "FAIL %s: the run took no dynamic tiles\n", label);
+            fails++;
+        } else if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
+            fprintf(stderr, "FAIL %s: wrong against the float64 reference\n", label);
+            fails++;
+        } else if (outs_take(&dyn, &tc) == 0) {
+            err = gpu_run(&tc, 0, &why);
+            if (err || !outs_same(&dyn, &tc)) {
+                fprintf(stderr, "FAIL %s: the fixed-share run differs (%s)\n", label, err ? lnorm_errname(err) : "bits");
+                fails++;
+            }
+            outs_free(&dyn);
+        } else {
+            fails++;
+        }
+        lnorm_test_case_free(&tc);
+    }
+    lnorm_cuda_ws_destroy(ws);
+    g_fails += fails;
+    printf("dynamic tiles, many fills a cluster: %s\n", fails ? "FAIL" : "ok");
+}
+
 /* Bad input gets LNORM_EINVAL and runs nothing. */
 static void bad_input(void)
 {
@@ -865,11 +950,19 @@ int main(int argc, char **argv)
     }
     lnorm_rng g;
     lnorm_rng_seed(&g, 0x6e7d5eedu);
+    if (argc > 1 && !strcmp(argv[1], "--dyn")) { /* this part alone */
+        dyn_wrap(&g);
+        lnorm_cpu_destroy(g_cpu);
+        printf("%s: %ld cases, %ld failed\n", g_fails ? "FAIL" : "PASS", g_cases, g_fails);
+        return g_fails != 0;
+    }
     bad_input();
     batch_invariance(&g);
     fast_vs_general(&g, quick);
     bulk_pipeline(&g, quick);
     bulk_table(&g);
+    if (!quick)
+        dyn_wrap(&g);
     sweep(&g, quick);
     lnorm_cpu_destroy(g_cpu);
     printf("%s: %ld cases (%ld also against the CPU backend, %ld also misaligned), %ld failed\n",
