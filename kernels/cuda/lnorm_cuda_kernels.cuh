@@ -1577,6 +1577,16 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * to 0 for the next launch on the stream. The tiles a CTA takes change,
  * the rows' results do not (same bits). */
 #define LNORM__TMAIL 16 /* mail slots: a peer has at most stages + 1 tickets unread */
+/* LNORM_CUDA_DYN_TB_SMEM (A/B builds; default 0): a cluster's rank 0 keeps
+ * the ticket it takes ahead in shared memory instead of a register, so its
+ * lane 0 waits for the atomic at every fill. With it and dynamic tiles in
+ * every cluster (LNORM_CUDA_DYN_LN_CL=16 LNORM_CUDA_DYN_RMS_CL=16) the f32
+ * kernels compile without spills and 4 of the bf16 ones spill 8 bytes
+ * (ptxas 13.0; without it 6 f32 and 6 bf16 kernels spill 8-16 bytes).
+ * Not measured yet. */
+#ifndef LNORM_CUDA_DYN_TB_SMEM
+#define LNORM_CUDA_DYN_TB_SMEM 0
+#endif
 struct DynTiles {
     int64_t tile[LNORM__BULK_MAXST]; /* the tile in each stage, -1: none (the CTA stops there) */
     int64_t mail[LNORM__TMAIL];      /* cluster peers: tickets from rank 0 */
@@ -1585,6 +1595,7 @@ struct DynTiles {
     int64_t ta;                      /* rank 0 of a cluster: the ticket of the next fill u (mailed) */
     int fin;                         /* lane 0 of warp 0: a ticket past the end was seen */
     __align__(16) unsigned char x0[LNORM__BULK_MAXST][16]; /* LayerNorm cluster peers: h[0] */
+    int64_t tb; /* LNORM_CUDA_DYN_TB_SMEM: rank 0's ticket of fill u + 2, taken (below) */
 };
 
 /* Take n tickets from counter *c (the first one's number). ptxas gathers a
@@ -1690,12 +1701,15 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                 ahead = ticket_take(p.sched, 1u, lim);
             } else {
                 tk = dt.ta;
-                dt.ta = ahead; /* fill u + 1's ticket, taken at fill u - 1: mail it */
+                dt.ta = LNORM_CUDA_DYN_TB_SMEM ? dt.tb : ahead; /* fill u + 1's, taken at fill u - 1: mail it */
                 if (tk < ntiles)
                     for (int k = 1; k < CL; k++)
                         st_async_peer_s64(&dt.mail[(u + 1) % LNORM__TMAIL], dt.ta,
                                           &dt.mbar[(u + 1) % LNORM__TMAIL], (uint32_t)k);
-                ahead = ticket_take(p.sched, 1u, lim);
+                if constexpr (LNORM_CUDA_DYN_TB_SMEM)
+                    dt.tb = ticket_take(p.sched, 1u, lim);
+                else
+                    ahead = ticket_take(p.sched, 1u, lim);
             }
         } else {
             const int m = (int)(u % LNORM__TMAIL);
@@ -1753,7 +1767,10 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             if constexpr (CL > 1) {
                 /* Mail fills 0 .. stages (the first past the end last). */
                 dt.ta = ahead;
-                ahead = ticket_take(p.sched, 1u, lim);
+                if constexpr (LNORM_CUDA_DYN_TB_SMEM)
+                    dt.tb = ticket_take(p.sched, 1u, lim);
+                else
+                    ahead = ticket_take(p.sched, 1u, lim);
                 for (int u = 0; u <= stages; u++) {
                     const int64_t tk = u < stages ? dt.base + u : dt.ta;
                     for (int k = 1; k < CL; k++)
