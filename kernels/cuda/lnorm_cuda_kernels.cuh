@@ -1686,6 +1686,14 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     unsigned ahead = 0;
     /* 2^32 - 1 (total_rows >= 0), the wrap of ticket_take's atom.inc. */
     const unsigned lim = ~(unsigned)(p.total_rows >> 63);
+    /* A cluster's rank 0: take the ticket two fills ahead, into `ahead` or
+     * (LNORM_CUDA_DYN_TB_SMEM) dt.tb. */
+    auto take_ahead = [&]() {
+        if constexpr (LNORM_CUDA_DYN_TB_SMEM)
+            dt.tb = ticket_take(p.sched, 1u, lim);
+        else
+            ahead = ticket_take(p.sched, 1u, lim);
+    };
     /* dyn, lane 0 of warp 0: the tile of fill u (the u-th row this CTA or
      * cluster takes), -1 if none is left. Fills 0 .. stages - 1 are issued
      * at the start, fill u + stages after fill u's row. */
@@ -1706,10 +1714,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                     for (int k = 1; k < CL; k++)
                         st_async_peer_s64(&dt.mail[(u + 1) % LNORM__TMAIL], dt.ta,
                                           &dt.mbar[(u + 1) % LNORM__TMAIL], (uint32_t)k);
-                if constexpr (LNORM_CUDA_DYN_TB_SMEM)
-                    dt.tb = ticket_take(p.sched, 1u, lim);
-                else
-                    ahead = ticket_take(p.sched, 1u, lim);
+                take_ahead();
             }
         } else {
             const int m = (int)(u % LNORM__TMAIL);
@@ -1767,10 +1772,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             if constexpr (CL > 1) {
                 /* Mail fills 0 .. stages (the first past the end last). */
                 dt.ta = ahead;
-                if constexpr (LNORM_CUDA_DYN_TB_SMEM)
-                    dt.tb = ticket_take(p.sched, 1u, lim);
-                else
-                    ahead = ticket_take(p.sched, 1u, lim);
+                take_ahead();
                 for (int u = 0; u <= stages; u++) {
                     const int64_t tk = u < stages ? dt.base + u : dt.ta;
                     for (int k = 1; k < CL; k++)
