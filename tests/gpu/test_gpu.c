@@ -201,6 +201,18 @@ static int gpu_run(lnorm_test_case *tc, int misalign, const char **why)
     return gpu_run_ws(tc, misalign, NULL, why);
 }
 
+/* The CTAs a row of tier description tdesc ("reg<TPR>x<NCH>cl<CL>"; 0 for
+ * the streaming tier), and in *dyn whether its bulk kernel for op takes
+ * dynamic tiles given a workspace (LNORM__DYN). */
+static int tier_ctas(const char *tdesc, int op, int *dyn)
+{
+    int tpr = 0, nch = 0, cl = 0;
+    if (sscanf(tdesc, "reg%dx%dcl%d", &tpr, &nch, &cl) != 3)
+        cl = 0;
+    *dyn = cl > 0 && LNORM__DYN(op == LNORM_OP_RMSNORM, tpr, cl);
+    return cl;
+}
+
 static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_align)
 {
     lnorm_test_case tc;
@@ -693,9 +705,8 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     char label[200];
                     const char *tdesc = "?";
                     lnorm_cuda_tier(c.x_dtype, c.hidden, &tdesc);
-                    int ttpr = 0, tnch = 0, tcl = 0;
-                    if (sscanf(tdesc, "reg%dx%dcl%d", &ttpr, &tnch, &tcl) != 3)
-                        ttpr = tnch = tcl = 0;
+                    int tdyn = 0;
+                    const int tcl = tier_ctas(tdesc, op, &tdyn);
                     snprintf(label, sizeof label, "bulk op=%s x=%s p=%s H=%lld rows=%lld pad=%lld tier=%s",
                              op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c.x_dtype),
                              lnorm_dtype_name(c.param_dtype), (long long)c.hidden, (long long)c.rows,
@@ -714,7 +725,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                          * where the kernel has none (LNORM__DYN), k_fast's
                          * grid and form in the cluster tiers (no k_fast
                          * there). */
-                        if ((runs[ri].dyn && !(tcl > 0 && LNORM__DYN(op == LNORM_OP_RMSNORM, ttpr, tcl))) ||
+                        if ((runs[ri].dyn && !tdyn) ||
                             (tcl > 1 && (runs[ri].grid || runs[ri].aligned == 2)))
                             continue;
                         if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
@@ -746,10 +757,10 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         /* Tiers of 1024 threads a row (10 and up, not the
                          * streaming one) run the bulk kernel under every
                          * policy, with dynamic tiles given a workspace
-                         * where LNORM__DYN says. */
+                         * where LNORM__DYN says (the other runs with one
+                         * were skipped above). */
                         const long dyn = lnorm_cuda_stat("dynamic_launches") - nd;
-                        const long want_dyn = runs[ri].dyn && runs[ri].bulk && tcl > 0 &&
-                                              LNORM__DYN(op == LNORM_OP_RMSNORM, ttpr, tcl);
+                        const long want_dyn = runs[ri].dyn && runs[ri].bulk;
                         if (dyn != want_dyn) {
                             fprintf(stderr, "FAIL %s (%s): %ld launches with dynamic tiles, expected %ld\n", label,
                                     runs[ri].name, dyn, want_dyn);
@@ -819,8 +830,8 @@ static void dyn_wrap(lnorm_rng *g)
         char label[160];
         snprintf(label, sizeof label, "dynamic tiles: rms x=%s H=%lld rows=%lld tier=%s", lnorm_dtype_name(c.x_dtype),
                  (long long)c.hidden, (long long)c.rows, tdesc);
-        int tpr = 0, nch = 0, ncl = 0;
-        if (sscanf(tdesc, "reg%dx%dcl%d", &tpr, &nch, &ncl) != 3 || ncl != cs[i].cl || !LNORM__DYN(1, tpr, ncl)) {
+        int tdyn = 0;
+        if (tier_ctas(tdesc, c.op, &tdyn) != cs[i].cl || !tdyn) {
             fprintf(stderr, "FAIL %s: not a cluster of %d with dynamic tiles\n", label, cs[i].cl);
             fails++;
             continue;
