@@ -126,6 +126,20 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_F32_NCH2
 #define LNORM_CUDA_F32_NCH2 1
 #endif
+/* LNORM_CUDA_F32_NCH2_HI (A/B builds, default 0): f32 tiers 7 and 8
+ * (H <= 2048, 4096) with two chunks a thread too (256 and 512 threads a
+ * row). */
+#ifndef LNORM_CUDA_F32_NCH2_HI
+#define LNORM_CUDA_F32_NCH2_HI 0
+#endif
+#if LNORM_CUDA_F32_NCH2_HI
+#define LNORM__TIERS_CTA_HI_F32(X) \
+    X(7, 256, 2, 1)                \
+    X(8, 512, 2, 1)                \
+    X(9, 512, 4, 1)
+#else
+#define LNORM__TIERS_CTA_HI_F32(X) LNORM__TIERS_CTA_HI(X)
+#endif
 #if LNORM_CUDA_F32_NCH2
 #define LNORM__TIERS_CTA_F32(X) \
     X(0, 2, 2, 1)               \
@@ -135,7 +149,7 @@ typedef struct lnorm__kparams {
     X(4, 32, 2, 1)              \
     X(5, 64, 2, 1)              \
     X(6, 128, 2, 1)             \
-    LNORM__TIERS_CTA_HI(X)
+    LNORM__TIERS_CTA_HI_F32(X)
 #else
 #define LNORM__TIERS_CTA_F32(X) LNORM__TIERS_CTA(X)
 #endif

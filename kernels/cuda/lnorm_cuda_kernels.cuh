@@ -626,8 +626,14 @@ __device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__k
 
 /* CTA size and minimum resident CTAs of a register tier: a register budget
  * of 80 a thread for 4 chunks, 128 for 8 (what they need without spills). */
+/* Threads of the CTAs of tiers of up to this many threads a row (several
+ * rows a CTA); A/B builds: 32 or 64 (fewer warps a CTA: one retires as
+ * soon as its rows are written). */
+#ifndef LNORM_CUDA_MIN_BLOCK
+#define LNORM_CUDA_MIN_BLOCK 128
+#endif
 template <int TPR, int NCH> struct RegShape {
-    static constexpr int block = TPR > 128 ? TPR : 128;
+    static constexpr int block = TPR > LNORM_CUDA_MIN_BLOCK ? TPR : LNORM_CUDA_MIN_BLOCK;
     static constexpr int regs = NCH <= 4 ? LNORM_CUDA_REGS4 : LNORM_CUDA_REGS8;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
@@ -1363,7 +1369,7 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
 #endif
 template <int TPR, int NCH> struct FastShape {
     static constexpr int block = RegShape<TPR, NCH>::block;
-    static constexpr int regs = block == 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
+    static constexpr int regs = block <= 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
 
