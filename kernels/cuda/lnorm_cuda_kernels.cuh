@@ -626,11 +626,19 @@ __device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__k
 
 /* CTA size and minimum resident CTAs of a register tier: a register budget
  * of 80 a thread for 4 chunks, 128 for 8 (what they need without spills). */
-/* Threads of the CTAs of tiers of up to this many threads a row (several
- * rows a CTA); A/B builds: 32 or 64 (fewer warps a CTA: one retires as
- * soon as its rows are written). */
+/* Threads of the CTAs of the tiers of up to this many threads a row
+ * (several rows a CTA, warp-shuffle reductions; tier 6 in 16-bit, one row
+ * of two warps). 64 since 2026-11-30 session 10: a CTA of two warps
+ * retires, and the next one starts its loads, as soon as its own rows are
+ * written. Same run on the H200 (bench/results/
+ * kernels-2026-11-30-83b2fc3-ab.log, build b64 against the default of
+ * 128, bit-identical): bf16 H = 128-2048 +1.0..+2.2% for LayerNorm (4029-4076
+ * against 3978-4010 GB/s) and +0.0..+1.4% for RMSNorm, f32 within +-0.4%;
+ * 32 (b32) was the same for bf16 and 20% slower for f32 at H = 128 / 256.
+ * ptxas 13.0: the general bf16 kernel of 64 threads a row then spills
+ * 8 bytes (k_reg; the fast kernels do not). */
 #ifndef LNORM_CUDA_MIN_BLOCK
-#define LNORM_CUDA_MIN_BLOCK 128
+#define LNORM_CUDA_MIN_BLOCK 64
 #endif
 template <int TPR, int NCH> struct RegShape {
     static constexpr int block = TPR > LNORM_CUDA_MIN_BLOCK ? TPR : LNORM_CUDA_MIN_BLOCK;
