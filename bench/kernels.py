@@ -197,16 +197,19 @@ def main():
         return {"torch_eager": fn_e, "triton_seed": fn_t, "torch_compile": fn_c}
 
     def close_call(res, gbs, fn_l, fns):
-        """Where lnormd and the best peer are within --close of each other, time the two again
-        in alternating rounds (--rounds in all, the first timings included) and keep each one's
-        median, so that a verdict does not rest on one timing's drift (about 1% run to run)."""
-        best = max((k for k in fns if res[k]), key=lambda k: res[k])
-        if a.rounds <= 1 or abs(res["lnormd"] / res[best] - 1) > a.close:
+        """Where lnormd and a peer are within --close of each other, time them again in
+        alternating rounds (--rounds in all, the first timings included) and keep each one's
+        median, so that a verdict does not rest on one timing's drift (about 1% run to run).
+        Every peer within --close takes part, so best_peer never compares a median with a
+        single timing of another peer that could overtake it."""
+        close = [k for k in fns if res[k] and abs(res["lnormd"] / res[k] - 1) <= a.close]
+        if a.rounds <= 1 or not close:
             return
-        t = {"lnormd": [res["lnormd"]], best: [res[best]]}
+        t = {k: [res[k]] for k in ["lnormd"] + close}
         for _ in range(a.rounds - 1):
             t["lnormd"].append(gbs(triton.testing.do_bench(fn_l, return_mode="median")))
-            t[best].append(gbs(triton.testing.do_bench(fns[best], return_mode="median")))
+            for k in close:
+                t[k].append(gbs(triton.testing.do_bench(fns[k], return_mode="median")))
         for k, v in t.items():
             res[k + "_rounds"] = v
             res[k] = statistics.median(v)
@@ -301,6 +304,7 @@ def main():
                       + (f" [medians of {a.rounds} rounds]" if "lnormd_rounds" in res else "")
                       + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
                                 for n in [n for n, _ in alts] + [n for n, _ in variants]), flush=True)
+                del fn_l, fn_time, fresh  # fn_l's closure holds y
                 del y
         del src
     out = {"device": dev, "date": date, "commit": a.commit, "elements": total,

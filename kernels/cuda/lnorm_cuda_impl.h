@@ -126,11 +126,28 @@ typedef struct lnorm__kparams {
 #ifndef LNORM_CUDA_F32_NCH2
 #define LNORM_CUDA_F32_NCH2 1
 #endif
+/* Threads of the fast and bulk kernels' CTAs of the tiers of up to this
+ * many threads a row (several rows a CTA, warp-shuffle reductions; tier 6
+ * in 16-bit, one row of two warps; the general kernels keep 128). 64 since
+ * 2026-11-30 session 10: a CTA of two warps retires, and the next one
+ * starts its loads, as soon as its own rows are written. Same run on the H200 (bench/results/
+ * kernels-2026-11-30-83b2fc3-ab.log, build b64 against the default of
+ * 128, bit-identical): bf16 H = 128-2048 +1.0..+2.2% for LayerNorm (4029-4076
+ * against 3978-4010 GB/s) and +0.0..+1.4% for RMSNorm, f32 within +-0.4%;
+ * 32 (b32) was the same for bf16 and 20% slower for f32 at H = 128 / 256.
+ * (Applied to k_reg too, ptxas 13.0 made its bf16 kernel of 64 threads a
+ * row spill 8 bytes; it is not measured there, so k_reg keeps 128.) */
+#ifndef LNORM_CUDA_MIN_BLOCK
+#define LNORM_CUDA_MIN_BLOCK 64
+#endif
 /* LNORM_CUDA_F32_NCH2_HI (A/B builds, default 0): f32 tiers 7 and 8
  * (H <= 2048, 4096) with two chunks a thread too (256 and 512 threads a
  * row). */
 #ifndef LNORM_CUDA_F32_NCH2_HI
 #define LNORM_CUDA_F32_NCH2_HI 0
+#endif
+#if LNORM_CUDA_F32_NCH2_HI && !LNORM_CUDA_F32_NCH2
+#error "LNORM_CUDA_F32_NCH2_HI needs LNORM_CUDA_F32_NCH2"
 #endif
 #if LNORM_CUDA_F32_NCH2_HI
 #define LNORM__TIERS_CTA_HI_F32(X) \

@@ -626,22 +626,9 @@ __device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__k
 
 /* CTA size and minimum resident CTAs of a register tier: a register budget
  * of 80 a thread for 4 chunks, 128 for 8 (what they need without spills). */
-/* Threads of the CTAs of the tiers of up to this many threads a row
- * (several rows a CTA, warp-shuffle reductions; tier 6 in 16-bit, one row
- * of two warps). 64 since 2026-11-30 session 10: a CTA of two warps
- * retires, and the next one starts its loads, as soon as its own rows are
- * written. Same run on the H200 (bench/results/
- * kernels-2026-11-30-83b2fc3-ab.log, build b64 against the default of
- * 128, bit-identical): bf16 H = 128-2048 +1.0..+2.2% for LayerNorm (4029-4076
- * against 3978-4010 GB/s) and +0.0..+1.4% for RMSNorm, f32 within +-0.4%;
- * 32 (b32) was the same for bf16 and 20% slower for f32 at H = 128 / 256.
- * ptxas 13.0: the general bf16 kernel of 64 threads a row then spills
- * 8 bytes (k_reg; the fast kernels do not). */
-#ifndef LNORM_CUDA_MIN_BLOCK
-#define LNORM_CUDA_MIN_BLOCK 64
-#endif
+/* The general kernels (k_reg): CTAs of at least 128 threads. */
 template <int TPR, int NCH> struct RegShape {
-    static constexpr int block = TPR > LNORM_CUDA_MIN_BLOCK ? TPR : LNORM_CUDA_MIN_BLOCK;
+    static constexpr int block = TPR > 128 ? TPR : 128;
     static constexpr int regs = NCH <= 4 ? LNORM_CUDA_REGS4 : LNORM_CUDA_REGS8;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
@@ -1367,7 +1354,7 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
  * (5 CTAs) and 2000-3100 where the gamma cache or the caps of k_reg made
  * it spill. */
 #ifndef LNORM_CUDA_FAST_REGS
-#define LNORM_CUDA_FAST_REGS 72 /* register budget of k_fast in 128-thread CTAs (larger: LNORM_CUDA_FAST_REGS_BIG) */
+#define LNORM_CUDA_FAST_REGS 72 /* register budget of k_fast in CTAs of up to 128 threads (larger: LNORM_CUDA_FAST_REGS_BIG) */
 #endif
 #ifndef LNORM_CUDA_FAST_REGS_BIG
 #define LNORM_CUDA_FAST_REGS_BIG 64 /* register budget of k_fast in CTAs of 256 threads and more */
@@ -1375,8 +1362,16 @@ template <typename TX> __device__ __forceinline__ float shift_of(TX v0)
 #ifndef LNORM_CUDA_FAST_F32REG
 #define LNORM_CUDA_FAST_F32REG 1 /* k_fast converts the row to fp32 once (0: unpacks it in each pass) */
 #endif
+/* LNORM_CUDA_MIN_BLOCK (lnorm_cuda_impl.h): 32, 64 or 128. */
+static_assert(LNORM_CUDA_MIN_BLOCK >= 32 && LNORM_CUDA_MIN_BLOCK <= 128 &&
+                  (LNORM_CUDA_MIN_BLOCK & (LNORM_CUDA_MIN_BLOCK - 1)) == 0,
+              "LNORM_CUDA_MIN_BLOCK: 32, 64 or 128");
+/* CTA size of the fast and bulk kernels of a tier of TPR threads a row. */
+template <int TPR> struct FastBlock {
+    static constexpr int value = TPR > LNORM_CUDA_MIN_BLOCK ? TPR : LNORM_CUDA_MIN_BLOCK;
+};
 template <int TPR, int NCH> struct FastShape {
-    static constexpr int block = RegShape<TPR, NCH>::block;
+    static constexpr int block = FastBlock<TPR>::value;
     static constexpr int regs = block <= 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
@@ -1394,7 +1389,7 @@ template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI, bool
 __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
-    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int BLOCK = FastShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH>::value;
@@ -1465,7 +1460,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
 #define LNORM_CUDA_CLU_REGS 64 /* register budget of the 4-chunk cluster bulk kernels */
 #endif
 template <int TPR, int NCH, int CL = 1> struct BulkShape {
-    static constexpr int block = RegShape<TPR, NCH>::block;
+    static constexpr int block = FastBlock<TPR>::value;
     /* The row read from its stage in each pass (SMR): the cluster tiers
      * and a one-CTA tier of 1024 threads a row (one CTA an SM, whose
      * registers cannot hold the row). */
@@ -2053,7 +2048,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
 template <typename TX, typename TP, bool RMS, int TPR, int NCH>
 static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
-    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    constexpr int BLOCK = FastShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
     static int cache[4][64]; /* occupancy of each form: table or one segment, general or AL */
     int dev = 0, sms = 0;

@@ -650,7 +650,7 @@ static void bulk_table(lnorm_rng *g)
  * a counter the kernel failed to put back would leave rows unwritten. */
 static void bulk_pipeline(lnorm_rng *g, int quick)
 {
-    static const int64_t hs[] = {64, 256, 1000, 4096, 12000, 20000, 40000, 100000};
+    static const int64_t hs[] = {64, 256, 1000, 2000, 4096, 12000, 20000, 40000, 100000};
     static const struct {
         const char *name;
         int bulk, stages, ctas, grid, aligned, dyn;
@@ -691,14 +691,15 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     c.x_spread = 1.5;
                     c.hidden = hs[hi];
                     c.pad = variant ? (int64_t)(32 / lnorm_dtype_size(dts[xi])) : 0; /* aligned stride */
-                    /* Rows per tile of the tier (128-thread CTAs below 256
-                     * threads per row); about 5 tiles per CTA at 1 CTA/SM. */
+                    /* Rows per tile of the tier (CTAs of LNORM_CUDA_MIN_BLOCK
+                     * threads below that many threads a row); about 5 tiles
+                     * per CTA at 1 CTA/SM. */
                     const int64_t vec = 16 / (int64_t)lnorm_dtype_size(dts[xi]);
                     const int64_t chunks = (c.hidden + vec - 1) / vec;
                     int64_t tpr = 1;
                     while (tpr * 4 < chunks && tpr < 1024)
                         tpr *= 2;
-                    const int64_t rpc = tpr >= 128 ? 1 : 128 / tpr;
+                    const int64_t rpc = tpr >= LNORM_CUDA_MIN_BLOCK ? 1 : LNORM_CUDA_MIN_BLOCK / tpr;
                     c.rows = (int64_t)sms * rpc * (quick ? 3 : 5) + 3;
                     if (c.rows * c.hidden > ((int64_t)1 << 23))
                         c.rows = ((int64_t)1 << 23) / c.hidden + 1;
