@@ -11,8 +11,8 @@ Outputs (--y call, the default): every implementation, lnormd and the copy
 included, writes a new tensor each call from torch's caching allocator, as
 torch eager and torch.compile do; lnormd into one preallocated y is timed
 as well (lnormd_fixed_y, and the copy into a preallocated dst,
-copy_fixed_gbs). Rows where lnormd and the best peer are within 2% of each
-other time both again in alternating rounds (--rounds, --close) and compare
+copy_fixed_gbs). Rows where lnormd and a peer are within 2% of each other
+time them again in alternating rounds (--rounds, --close) and compare
 medians (lnormd_rounds, <peer>_rounds in the JSON).
 
 Writes kernels-<date>.json (device, date, commit, every figure) and
