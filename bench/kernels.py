@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -38,30 +37,10 @@ import triton.testing
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels", "triton"))
 from lnorm_triton import norm_fwd as triton_norm  # noqa: E402
+from lnorm_lib import load_lib  # noqa: E402  (bench/, this file's folder)
 
 DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 OPS = {"ln": 1, "rms": 2}
-
-
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    f = lib.lnorm_cuda_norm
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    # A workspace for the one stream every launch runs on (as lnormd's
-    # backend has one per slot): the long-row kernels take dynamic tiles.
-    lib.lnorm_cuda_ws_create.restype = ctypes.c_int
-    lib.lnorm_cuda_ws_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-    lib.ws = ctypes.c_void_p()
-    if lib.lnorm_cuda_ws_create(ctypes.byref(lib.ws), 1) != 0:
-        raise SystemExit(f"{path}: lnorm_cuda_ws_create failed")
-    if hasattr(lib, "lnorm_cuda_stat"):
-        lib.lnorm_cuda_stat.restype = ctypes.c_long
-        lib.lnorm_cuda_stat.argtypes = [ctypes.c_char_p]
-    lib.lnorm_cuda_tier.restype = ctypes.c_int
-    lib.lnorm_cuda_tier.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p)]
-    return lib
 
 
 def lnormd_fn(lib, op, x, w, b, y):
@@ -135,8 +114,6 @@ def main():
     alts = [(kv.split("=", 1)[0], load_lib(kv.split("=", 1)[1])) for kv in a.alt]
     variants = []
     if hasattr(lib, "lnorm_cuda_set_tuning"):
-        lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
-        lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
         specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "noal=fast_aligned:0",
                                                           "alall=fast_aligned:2", "nodyn=bulk_dynamic:0"]
         for spec in specs:

@@ -4,27 +4,22 @@ Cases: op, dtype, H at N x H = 2^27 (as bench/kernels.py), each with the bulk-co
 off and forced (lnorm_cuda_set_tuning "bulk" 0 / 2), after one warm-up launch.
 Usage: python3 bench/gpu/ncu_kernels.py LIB [op:dtype:H ...]
 """
-import ctypes
+import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from lnorm_lib import load_lib  # noqa: E402
 
 OPS = {"ln": 1, "rms": 2}
 DT = {"f32": (1, torch.float32), "f16": (2, torch.float16), "bf16": (3, torch.bfloat16)}
 
 
 def load_norm(path):
-    """The library at path, its lnorm_cuda_norm with argument types set."""
-    lib = ctypes.CDLL(path)
-    f = lib.lnorm_cuda_norm
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    # The workspace of the one stream (dynamic tiles in the long-row kernels, as in lnormd).
-    lib.lnorm_cuda_ws_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-    lib.ws = ctypes.c_void_p()
-    assert lib.lnorm_cuda_ws_create(ctypes.byref(lib.ws), 1) == 0
-    return lib, f
+    """The library at path (bench/lnorm_lib.py) and its lnorm_cuda_norm."""
+    lib = load_lib(path)
+    return lib, lib.lnorm_cuda_norm
 
 
 def case_tensors(c):
@@ -42,7 +37,6 @@ def case_tensors(c):
 
 def main():
     lib, f = load_norm(sys.argv[1])
-    lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
     cases = sys.argv[2:] or ["ln:bf16:4096", "rms:f32:1024", "ln:bf16:16384", "ln:bf16:65536"]
     for c in cases:
         op, code, N, H, x, y, w, b = case_tensors(c)
