@@ -624,9 +624,9 @@ __device__ __forceinline__ void emit_any(const uint4 (&raw)[NCH], const lnorm__k
 #define LNORM_CUDA_EMIT_BARRIER 1
 #endif
 
-/* CTA size and minimum resident CTAs of a register tier: a register budget
- * of 80 a thread for 4 chunks, 128 for 8 (what they need without spills). */
-/* The general kernels (k_reg): CTAs of at least 128 threads. */
+/* CTA size and minimum resident CTAs of a register tier in the general
+ * kernels (k_reg): CTAs of at least 128 threads, a register budget of 80 a
+ * thread for 4 chunks, 128 for 8 (what they need without spills). */
 template <int TPR, int NCH> struct RegShape {
     static constexpr int block = TPR > 128 ? TPR : 128;
     static constexpr int regs = NCH <= 4 ? LNORM_CUDA_REGS4 : LNORM_CUDA_REGS8;
@@ -1860,6 +1860,9 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                             bulk_store_wait_read();
                     issue(k + stages, st);
                 } else {
+                    /* (The wait above is repeated here rather than hoisted:
+                     * hoisted, ptxas 13.0 schedules the RMSNorm kernels of
+                     * clusters of 8 and 16 differently.) */
                     const int64_t nt = cid + (k + stages) * ncl;
                     if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
                         if (threadIdx.x == 0)
