@@ -232,6 +232,16 @@ typedef struct lnorm__kparams {
     X(12, 1024, 4, 4)    \
     X(13, 1024, 4, 8)    \
     LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 8
+/* Tier set 8 (A/B builds only, session 11): set 7 with two chunks a
+ * thread in the cluster tiers 11-13, over twice as many CTAs (a 32 KiB
+ * slice a CTA, so six stages fill the SM instead of three). */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 1024, 4, 1)    \
+    X(11, 1024, 2, 4)    \
+    X(12, 1024, 2, 8)    \
+    X(13, 1024, 2, 16)   \
+    LNORM__TIER14(X)
 #elif LNORM_CUDA_TIERSET == 3
 /* Tier set 3 (the default of session 5): 512 x 4 CTAs in tiers 12-13. */
 #define LNORM__TIERS_CLU(X)  \
@@ -266,7 +276,7 @@ typedef struct lnorm__kparams {
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
 #else
-#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-7"
+#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-8"
 #endif
 
 /* The register tiers of 16-bit x and of f32 x: the same capacities (tier
