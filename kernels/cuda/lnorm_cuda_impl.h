@@ -235,7 +235,10 @@ typedef struct lnorm__kparams {
 #elif LNORM_CUDA_TIERSET == 8
 /* Tier set 8 (A/B builds only, session 11): set 7 with two chunks a
  * thread in the cluster tiers 11-13, over twice as many CTAs (a 32 KiB
- * slice a CTA, so six stages fill the SM instead of three). */
+ * slice a CTA, so six stages fill the SM instead of three). Same run on
+ * the H200 (bench/results/kernels-2026-11-30-6c1832e-ab.log, build set8;
+ * other reduction trees, so other bits): 19-40% slower in every row it
+ * changes (bf16 LayerNorm H = 262144 1753 against 2793 GB/s). */
 #define LNORM__TIERS_CLU(X)  \
     X(10, 1024, 4, 1)    \
     X(11, 1024, 2, 4)    \

@@ -243,17 +243,17 @@ __device__ __forceinline__ void st_async_peer(float *dst, float v, uint64_t *bar
  * the cluster bulk kernels; a separate array per buffer layout, or a flat
  * slot array, spilled.) */
 #define LNORM__CRB 3
-template <int CL, int NW, int NB = LNORM__CRB> struct ClusterRed {
-    uint64_t bar[NB];
-    float slot[NB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
+template <int CL, int NW> struct ClusterRed {
+    uint64_t bar[LNORM__CRB];
+    float slot[LNORM__CRB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
 };
 
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
  * the cluster (no CTA may store into a peer's barrier before its init). */
-template <int CL, int NW, int NB> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW, NB> *cr)
+template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW> *cr)
 {
     if (threadIdx.x == 0) {
-        for (int i = 0; i < NB; i++)
+        for (int i = 0; i < LNORM__CRB; i++)
             mbar_init(&cr->bar[i], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -294,28 +294,29 @@ template <int CL, int NW, int NB> __device__ __forceinline__ void cluster_red_in
 #ifndef LNORM_CUDA_RED_TREE
 #define LNORM_CUDA_RED_TREE 1024
 #endif
-/* The cluster level of a reduction (CL > 1, one row a CTA, TPR == BLOCK),
- * in two halves: clu_send sends this thread's warp-reduced partial x of
- * reduction par (every thread of the CTA calls it; the two-level form
- * synchronizes the CTA), clu_recv waits for reduction par and returns the
- * cluster's sum. NB: the buffers of ClusterRed (par % NB). A kernel that
- * sends reduction n + 1 before it receives n needs four (k_bulk's
- * pipelined LayerNorm, BulkPipe); send-then-receive needs three. In a
- * cluster of fewer than LNORM_CUDA_CLU_HIER CTAs (larger ones: two levels,
- * above) the warps' partials go straight to every CTA's slots, and each
- * warp waits only for its own CTA's barrier (no CTA or cluster barrier);
- * lane l sums slots l, l + 32, ... (ClusterRed), then a shuffle tree sums
- * the lanes: every warp of the cluster does the same operations in the
- * same order. */
-template <int BLOCK, int CL, int NB>
-__device__ __forceinline__ void clu_send(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
+/* Sum over the TPR threads of a row group, then over the CL CTAs of a
+ * cluster. Deterministic (fixed trees); every thread of the group gets the
+ * same value. par counts the reductions of the kernel (uniform over the
+ * CTA and the cluster): red is double-buffered by its low bit, the cluster
+ * slots take par % LNORM__CRB. In a cluster (one row per CTA, TPR == BLOCK)
+ * of fewer than LNORM_CUDA_CLU_HIER CTAs (larger ones: two levels, above) the
+ * warps' partials go straight to every CTA's slots, and each warp waits
+ * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
+ * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
+ * every warp of the cluster does the same operations in the same order. */
+template <int TPR, int BLOCK, int CL>
+__device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
-    constexpr int NW = BLOCK / 32;
-    ClusterRed<CL, NW, NB> *cr = static_cast<ClusterRed<CL, NW, NB> *>(crv);
-    const int b = par % NB;
-    const int lane = (int)(threadIdx.x & 31);
-    if constexpr (CL >= LNORM_CUDA_CLU_HIER) {
+#pragma unroll
+    for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, m);
+    if constexpr (CL > 1 && CL >= LNORM_CUDA_CLU_HIER) {
+        static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
+        constexpr int NW = BLOCK / 32;
         static_assert(NW <= 32 && CL <= 32, "one slot a lane");
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
+        const int b = par % LNORM__CRB;
+        const int lane = (int)(threadIdx.x & 31);
         const int w = (int)(threadIdx.x / 32);
         if (lane == 0)
             red[par & 1][w] = x;
@@ -332,51 +333,32 @@ __device__ __forceinline__ void clu_send(float x, float (*red)[BLOCK / 32], void
                 for (int k = w; k < CL; k += NW)
                     st_async_peer(tot + rank, c, &cr->bar[b], (uint32_t)k);
         }
-    } else {
+        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+        float v = lane < CL ? tot[lane] : 0.0f;
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, m);
+        x = v;
+    } else if constexpr (CL > 1) {
+        static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
+        constexpr int NW = BLOCK / 32;
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
+        const int b = par % LNORM__CRB;
+        const int lane = (int)(threadIdx.x & 31);
         if (threadIdx.x == 0)
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
         if (lane < CL)
             st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
-    }
-}
-template <int BLOCK, int CL, int NB> __device__ __forceinline__ float clu_recv(void *crv, int par)
-{
-    constexpr int NW = BLOCK / 32;
-    ClusterRed<CL, NW, NB> *cr = static_cast<ClusterRed<CL, NW, NB> *>(crv);
-    const int b = par % NB;
-    const int lane = (int)(threadIdx.x & 31);
-    mbar_wait(&cr->bar[b], (uint32_t)((par / NB) & 1));
-    float v = 0.0f;
-    if constexpr (CL >= LNORM_CUDA_CLU_HIER) {
-        const float *tot = &cr->slot[b][0][0]; /* tot[k]: CTA k's total */
-        v = lane < CL ? tot[lane] : 0.0f;
-    } else {
+        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
+        float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < (CL * NW + 31) / 32; i++)
             if (i * 32 + lane < CL * NW)
                 v += (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane];
-    }
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
-
-/* Sum over the TPR threads of a row group, then over the CL CTAs of a
- * cluster (clu_send, clu_recv). Deterministic (fixed trees); every thread
- * of the group gets the same value. par counts the reductions of the
- * kernel (uniform over the CTA and the cluster): red is double-buffered by
- * its low bit, the cluster slots take par % LNORM__CRB. */
-template <int TPR, int BLOCK, int CL>
-__device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
-{
-#pragma unroll
-    for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, m);
-    if constexpr (CL > 1) {
-        static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
-        clu_send<BLOCK, CL, LNORM__CRB>(x, red, crv, rank, par);
-        x = clu_recv<BLOCK, CL, LNORM__CRB>(crv, par);
+        for (int m = 16; m > 0; m >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, m);
+        x = v;
     } else if constexpr (TPR > 32) {
         constexpr int WPG = TPR / 32;
         if ((threadIdx.x & 31) == 0)
@@ -1132,73 +1114,6 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
 template <bool RMS, int CL> struct TStore {
     static constexpr bool value = RMS && CL > 1 && CL >= LNORM_CUDA_BULK_TSTORE;
 };
-/* LNORM_CUDA_CLU_PIPE: LayerNorm rows in clusters of this many CTAs and
- * more (99, the default: none) run pipelined in k_bulk: a CTA sends its
- * partial of row k + 1's sum before it receives row k's sum of squares,
- * so each cluster reduction's latency overlaps a pass over a row (row k's
- * sum of squares: row k + 1's sum pass; row k + 1's sum: row k's output
- * pass). The row is in shared memory (SMR), so holding two rows costs no
- * registers; the look-ahead needs four reduction buffers (clu_send).
- * Same operations in the same order, same bits. Static tile shares only
- * (not with dynamic tiles, LNORM__DYN). */
-#ifndef LNORM_CUDA_CLU_PIPE
-#define LNORM_CUDA_CLU_PIPE 99
-#endif
-template <bool RMS, int TPR, int CL> struct BulkPipe {
-    static constexpr bool value =
-        !RMS && CL > 1 && CL >= LNORM_CUDA_CLU_PIPE && LNORM__SMR(TPR, CL) && !LNORM__DYN(RMS, TPR, CL);
-    static constexpr int nb = value ? 4 : LNORM__CRB; /* ClusterRed's buffers */
-};
-
-/* One thread's partial of a pipelined LayerNorm row read from its stage
- * (srow; BulkPipe): SQ false, the sum of x - K; SQ true, the sum of
- * squares of x - K - d. The operations and their order are fast_row's
- * (SMR, no F32REG), so the bits are too. */
-template <typename TX, int TPR, int NCH, bool XW, bool SQ>
-__device__ __forceinline__ float row_part(const unsigned char *srow, int H, float K, float d, int rank, int t)
-{
-    constexpr int VEC = (int)(16 / sizeof(TX));
-    constexpr bool BB = TPR >= LNORM_CUDA_BF16_BITS_MIN_TPR;
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-        float f[VEC];
-        unpack<TX, BB>(*reinterpret_cast<const uint4 *>(srow + (j * TPR + t) * 16), f);
-        if constexpr (SQ) {
-            if (XW ? c0 < H : c0 + VEC <= H) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (f[k] - K) - d;
-                    acc = __fmaf_rn(e, e, acc);
-                }
-            } else if (!XW) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (c0 + k < H) ? (f[k] - K) - d : 0.0f;
-                    acc = __fmaf_rn(e, e, acc);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                f[k] = f[k] - K;
-            if (XW ? c0 < H : c0 + VEC <= H) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    acc += f[k];
-            } else if (!XW) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    acc += (c0 + k < H) ? f[k] : 0.0f;
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) /* group_sum's warp level (TPR >= 32) */
-        acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    return acc;
-}
 /* The output pass specialized on which of gamma and beta the segment has
  * (one branch a row), so that absent parameters cost no fill values and
  * the identities fold (n * 1 + b, n * g + -0: same bits). 0: one generic
@@ -1221,12 +1136,11 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
-          bool AL = false, bool SMR = false, bool XW = false, bool PRE = false>
+          bool AL = false, bool SMR = false, bool XW = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
-                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false,
-                                         float pre_d = 0.0f, float pre_sq = 0.0f)
+                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
@@ -1287,13 +1201,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
     };
     float d = 0.0f;
-    float sq = 0.0f;
-    if constexpr (PRE) {
-        /* The statistics were reduced by the caller (k_bulk's pipelined
-         * LayerNorm, row_part): the mean's offset d and the sum of squares. */
-        d = pre_d;
-        sq = pre_sq;
-    } else {
     if constexpr (!RMS) {
         float sum = 0.0f;
 #pragma unroll
@@ -1324,6 +1231,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         par++;
         d = H > 0 ? sum / (float)H : 0.0f;
     }
+    float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
@@ -1345,7 +1253,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     }
     sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
-    }
     if (!active)
         return; /* nothing below synchronizes */
     const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
@@ -1739,15 +1646,14 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     /* SMR (BulkShape::smr): every pass reads the row from its stage in
      * shared memory instead of holding it in registers, and the stage is
      * refilled once the row is written (the launcher gives these kernels
-     * three stages where they fit; two can be forced). */
+     * LNORM_CUDA_SMR_STAGES, two; more can be forced). */
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
-    constexpr bool PIPE = BulkPipe<RMS, TPR, CL>::value;
-    __shared__ ClusterRed<CL, BLOCK / 32, BulkPipe<RMS, TPR, CL>::nb> cr;
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
     __shared__ DynTiles dt;
     void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
@@ -1893,83 +1799,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     const lnorm__kseg *cs = nullptr;
     int st = 0;
     uint32_t phase = 0;
-    if constexpr (PIPE) {
-        /* Pipelined LayerNorm (BulkPipe; static shares, one row a CTA, row
-         * in its stage): reductions are sent in the order sum 0, sq 0,
-         * sum 1, sq 1, ... and received in that order, but sum k + 1 is
-         * sent before sq k is received. Row k holds stage st until its
-         * output is written, row k + 1's stage is waited for before its
-         * sum pass (two of the two or more stages). */
-        static_assert(RPC == 1 && SMR && !DYN && !TStore<RMS, CL>::value, "pipelined rows: the SMR cluster form");
-        constexpr int NB = BulkPipe<RMS, TPR, CL>::nb;
-        constexpr bool XW = LNORM_CUDA_BULK_XW != 0;
-        if (cid < ntiles) {
-            /* Row k: tile cid + k * ncl, stage st; reductions 2k (sum) and
-             * 2k + 1 (sum of squares). Across row k's output pass only k,
-             * the stage, and row k + 1's shift are carried (the segment
-             * of a row is looked up again where it is needed). */
-            float K = 0.0f;
-            {
-                const lnorm__kseg *s0 = multi ? find_seg(p, cid) : &p.one;
-                const int H0 = (int)s0->hidden;
-                const TX x0 = H0 > 0 ? ((const TX *)s0->x + (cid - s0->row_begin) * s0->x_stride)[0] : TX(0.0f);
-                mbar_wait(&bar[st], phase);
-                K = H0 > 0 ? shift_of<TX>(x0) : 0.0f;
-                clu_send<BLOCK, CL, NB>(row_part<TX, TPR, NCH, XW, false>(stage_mem + st * stage_bytes, H0, K, 0.0f,
-                                                                           rank, t),
-                                        red, cred, rank, 0);
-            }
-            uint4 raw[NCH]; /* unread (SMR) */
-            for (int64_t k = 0;; k++) {
-                const int64_t tile = cid + k * ncl;
-                const int64_t tn = tile + ncl;
-                const bool more = tn < ntiles; /* uniform over the cluster */
-                TX x0n = TX(0.0f); /* row k + 1's first element, loaded early (its shift) */
-                if (more) {
-                    const lnorm__kseg *sn = multi ? find_seg(p, tn) : &p.one;
-                    if (sn->hidden > 0)
-                        x0n = ((const TX *)sn->x + (tn - sn->row_begin) * sn->x_stride)[0];
-                }
-                const int H = (int)(multi ? find_seg(p, tile) : &p.one)->hidden;
-                const int pq = 2 * (int)k; /* reductions: k < 2^30 rows a cluster */
-                const float sum = clu_recv<BLOCK, CL, NB>(cred, pq);
-                const float d = H > 0 ? sum / (float)H : 0.0f;
-                clu_send<BLOCK, CL, NB>(row_part<TX, TPR, NCH, XW, true>(stage_mem + st * stage_bytes, H, K, d, rank, t),
-                                        red, cred, rank, pq + 1);
-                const int st2 = st + 1 == stages ? 0 : st + 1;
-                const uint32_t ph2 = st2 == 0 ? phase ^ 1u : phase;
-                float Kn = 0.0f;
-                if (more) {
-                    const int Hn = (int)(multi ? find_seg(p, tn) : &p.one)->hidden;
-                    mbar_wait(&bar[st2], ph2);
-                    Kn = Hn > 0 ? shift_of<TX>(x0n) : 0.0f;
-                    clu_send<BLOCK, CL, NB>(
-                        row_part<TX, TPR, NCH, XW, false>(stage_mem + st2 * stage_bytes, Hn, Kn, 0.0f, rank, t), red,
-                        cred, rank, pq + 2);
-                }
-                const float sq = clu_recv<BLOCK, CL, NB>(cred, pq + 1);
-                const lnorm__kseg *s = multi ? find_seg(p, tile) : &p.one;
-                int unused = 0;
-                fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, false, false, true, XW, true>(
-                    raw, s, tile - s->row_begin, H, true, K, rank, t, red, cred, unused, gcache, bcache, cs,
-                    stage_mem + st * stage_bytes, false, d, sq);
-                /* Stage st is read: refill it with fill k + stages. */
-                __syncthreads();
-                if (threadIdx.x < 32) {
-                    const int64_t nt = cid + (k + stages) * ncl;
-                    if (nt < ntiles) {
-                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                        bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
-                    }
-                }
-                st = st2;
-                phase = ph2;
-                K = Kn;
-                if (!more)
-                    break;
-            }
-        }
-    } else
     for (int64_t k = 0;; k++) {
         int64_t tile;
         if (dyn) {
@@ -2103,6 +1932,22 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
  * with is lnorm__bulk_smem_kb (lnorm_cuda_set_tuning "bulk_smem_kb") for
  * kernels that hold the row in registers, the whole SM for SMR kernels. */
 #define LNORM__BULK_SMEM_CTA (200 * 1024)
+/* LNORM_CUDA_SMR_STAGES: the most stages an SMR kernel (the 1024-thread
+ * tiers, rows read from shared memory) gets (default 2; at least 2). Until
+ * session 11 they took three 64 KiB stages, all the SM's shared memory.
+ * Same kernels, same bits, same run on the H200 (bench/results/
+ * kernels-2026-11-30-6c1832e-ab.log, run-time variant st2 = two stages
+ * against the launcher's three): LayerNorm in clusters +3..+13% (bf16
+ * H = 65536 / 131072 / 262144 3505 / 3208 / 3105 against 3304 / 3093 /
+ * 2793 GB/s, f32 H = 65536 / 131072 / 262144 3842 / 3783 / 3336 against
+ * 3678 / 3362 / 2957), one-CTA tier 10 LayerNorm +1..+3%, RMSNorm
+ * +0.3..+2.7%. One row in flight behind the one being normalized is
+ * enough for these kernels; a second one made them slower, the more so
+ * the larger the cluster (docs/gpu.md, session 11). */
+#ifndef LNORM_CUDA_SMR_STAGES
+#define LNORM_CUDA_SMR_STAGES 2
+#endif
+static_assert(LNORM_CUDA_SMR_STAGES >= 2 && LNORM_CUDA_SMR_STAGES <= LNORM__BULK_MAXST, "LNORM_CUDA_SMR_STAGES: 2-8");
 #define LNORM__BULK_SMEM_SM (227 * 1024) /* shared memory of an sm_90 SM that CTAs may use */
 
 
@@ -2150,12 +1995,11 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * left to the L1 cache, where gamma/beta are read from by every row
      * (measured 2026-11-29: more stages at the cost of L1 were slower). */
     /* SMR kernels (BulkShape::smr): the CTAs the registers allow (one of
-     * 1024 threads in tier set 7) share all of the SM's shared memory, for
-     * three stages each where they fit (SMR holds a stage through the
-     * whole row), less each CTA's static shared memory and the 1 KiB the SM
-     * reserves per CTA; "bulk_smem_kb" does not apply to them. */
-    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32, BulkPipe<RMS, TPR, CL>::nb>) +
-                                   (int64_t)sizeof(DynTiles) +
+     * 1024 threads in tier set 7) share the SM's shared memory, less each
+     * CTA's static shared memory and the 1 KiB the SM reserves per CTA,
+     * for at most LNORM_CUDA_SMR_STAGES stages each (SMR holds a stage
+     * through the whole row); "bulk_smem_kb" does not apply to them. */
+    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + (int64_t)sizeof(DynTiles) +
                                    8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
@@ -2179,6 +2023,8 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     }
     if (stages == 0)
         return cudaErrorInvalidValue;
+    if (SMR && stages > LNORM_CUDA_SMR_STAGES)
+        stages = LNORM_CUDA_SMR_STAGES;
     if (lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
         lnorm__bulk_stages_override * stage_bytes <= LNORM__BULK_SMEM_CTA)
         stages = lnorm__bulk_stages_override;
