@@ -1111,17 +1111,6 @@ __device__ __forceinline__ void load_param(const TP *p, int c0, int H, bool al, 
 #ifndef LNORM_CUDA_BULK_TSTORE
 #define LNORM_CUDA_BULK_TSTORE 8
 #endif
-/* LNORM_CUDA_X0_AHEAD: LayerNorm in clusters of this many CTAs and more
- * (static tile shares) reads each row's first element (the shift K, from
- * global memory: a CTA other than rank 0 does not stage it) one row ahead
- * instead of just before the row's stage wait (0: never, the form before
- * session 11). Nsight Compute (session 11, f32 LayerNorm H = 262144) put
- * 2.6% of the warp stalls on that load's use. Default 8: in clusters of 2
- * and 4 ptxas 13.0 spills 10 bytes in the bf16 kernels that way. Same
- * value, same bits. */
-#ifndef LNORM_CUDA_X0_AHEAD
-#define LNORM_CUDA_X0_AHEAD 8
-#endif
 template <bool RMS, int CL> struct TStore {
     static constexpr bool value = RMS && CL > 1 && CL >= LNORM_CUDA_BULK_TSTORE;
 };
@@ -1810,17 +1799,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     const lnorm__kseg *cs = nullptr;
     int st = 0;
     uint32_t phase = 0;
-    /* X0A (LNORM_CUDA_X0_AHEAD): the first element of the next row (the
-     * LayerNorm shift) is read one row ahead by every CTA of a cluster. */
-    constexpr bool X0A = LNORM_CUDA_X0_AHEAD > 0 && CL > 1 && CL >= LNORM_CUDA_X0_AHEAD && !RMS && !DYN;
-    TX x0next = TX(0.0f);
-    if constexpr (X0A) {
-        if (cid < ntiles) {
-            const lnorm__kseg *s0 = multi ? find_seg(p, cid) : &p.one;
-            if (s0->hidden > 0)
-                x0next = ((const TX *)s0->x + (cid - s0->row_begin) * s0->x_stride)[0];
-        }
-    }
     for (int64_t k = 0;; k++) {
         int64_t tile;
         if (dyn) {
@@ -1840,19 +1818,10 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         const int64_t r = rr - s->row_begin;
         const int H = active ? (int)s->hidden : 0;
         /* A cluster CTA other than rank 0 has not staged h[0]: read it
-         * from global memory (X0A: a row ahead, so the load overlaps a
-         * whole row; else before the stage wait) (dyn: its 16 bytes were
-         * copied into dt.x0 with the slice). */
+         * from global memory before waiting, so the load overlaps the wait
+         * (dyn: its 16 bytes were copied into dt.x0 with the slice). */
         TX x0 = TX(0.0f);
-        if constexpr (X0A) {
-            x0 = x0next;
-            const int64_t tn = tile + ncl; /* static shares, one row a CTA */
-            if (tn < ntiles) {
-                const lnorm__kseg *sn = multi ? find_seg(p, tn) : &p.one;
-                if (sn->hidden > 0)
-                    x0next = ((const TX *)sn->x + (tn - sn->row_begin) * sn->x_stride)[0];
-            }
-        } else if constexpr (CL > 1 && !RMS) {
+        if constexpr (CL > 1 && !RMS) {
             if (H > 0) {
                 if (dyn)
                     x0 = rank == 0 ? *reinterpret_cast<const TX *>(stage_mem + st * stage_bytes)
