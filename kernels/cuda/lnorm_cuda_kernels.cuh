@@ -2003,6 +2003,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
                                    8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
+    constexpr int64_t max_st = SMR ? LNORM_CUDA_SMR_STAGES : LNORM__BULK_MAXST;
     int n = occ, stages = 0;
     for (; n >= 1; n--) {
         int64_t per = SMR ? ((int64_t)LNORM__BULK_SMEM_SM - n * static_cta) / n
@@ -2010,8 +2011,8 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         if (per > LNORM__BULK_SMEM_CTA)
             per = LNORM__BULK_SMEM_CTA;
         int64_t s = per / stage_bytes;
-        if (s > LNORM__BULK_MAXST)
-            s = LNORM__BULK_MAXST;
+        if (s > max_st)
+            s = max_st;
         if (s >= 2) {
             stages = (int)s;
             break;
@@ -2023,8 +2024,6 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     }
     if (stages == 0)
         return cudaErrorInvalidValue;
-    if (SMR && stages > LNORM_CUDA_SMR_STAGES)
-        stages = LNORM_CUDA_SMR_STAGES;
     if (lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
         lnorm__bulk_stages_override * stage_bytes <= LNORM__BULK_SMEM_CTA)
         stages = lnorm__bulk_stages_override;
