@@ -1126,6 +1126,9 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
+#ifndef LNORM_CUDA_SMR_SEL
+#define LNORM_CUDA_SMR_SEL 1 /* SMR passes without a branch a chunk (fast_row: SEL) */
+#endif
 /* The fast path's arithmetic for one row, shared by k_fast (rows loaded
  * from global memory) and k_bulk (rows staged in shared memory), so a row
  * gives the same bits through either: raw holds the row's chunks of this
@@ -1174,6 +1177,14 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * the statistics passes need no element masks and a chunk's store no
      * test of its end. Same operations, same bits. */
     constexpr bool WH = AL || XW; /* chunks are whole or past the end */
+    /* SEL (LNORM_CUDA_SMR_SEL): the SMR kernels compute every chunk of the
+     * slice (its stage holds the whole slice, so every read is inside it)
+     * and drop a chunk past the row's end by a select of the running sum
+     * (the sum before the chunk) and a predicated store, instead of a
+     * branch around each chunk: no divergent-branch bookkeeping a chunk,
+     * and the passes are straight-line code. A chunk inside the row adds
+     * the same values in the same order: same bits. */
+    constexpr bool SEL = SMR && XW && LNORM_CUDA_SMR_SEL;
     constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
@@ -1217,7 +1228,13 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 for (int k = 0; k < VEC; k++)
                     f[k] = f[k] - K;
             }
-            if (WH ? c0 < H : c0 + VEC <= H) {
+            if constexpr (SEL) {
+                float s2 = sum;
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    s2 += f[k];
+                sum = c0 < H ? s2 : sum;
+            } else if (WH ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     sum += f[k];
@@ -1237,7 +1254,15 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         float f[VEC];
         chunk(j, f);
-        if (WH ? c0 < H : c0 + VEC <= H) {
+        if constexpr (SEL) {
+            float q2 = sq;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float e = cen(f, k, d);
+                q2 = __fmaf_rn(e, e, q2);
+            }
+            sq = c0 < H ? q2 : sq;
+        } else if (WH ? c0 < H : c0 + VEC <= H) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = cen(f, k, d);
@@ -1285,7 +1310,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            if (c0 >= H)
+            if (!SEL && c0 >= H)
                 continue;
             float f[VEC], g[VEC], b[VEC];
             chunk(j, f);
@@ -1316,7 +1341,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             }
             if constexpr (AL)
                 store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
-            else if constexpr (XW)
+            else if constexpr (SEL) {
+                if (c0 < H) /* SEL: computed past the row's end, not stored */
+                    store_raw<TX>(yr, c0, c0 + VEC, yal, pack<TX>(f));
+            } else if constexpr (XW)
                 store_raw<TX>(yr, c0, c0 + VEC, yal, pack<TX>(f)); /* c0 < H: the chunk is whole */
             else
                 store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
