@@ -1126,8 +1126,14 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
+#ifndef LNORM_CUDA_SMR_ARRIVE
+#define LNORM_CUDA_SMR_ARRIVE 1 /* SMR: only warp 0 waits for the stage to be read before its refill (k_bulk) */
+#endif
 #ifndef LNORM_CUDA_SMR_SHIFT
-#define LNORM_CUDA_SMR_SHIFT 1 /* SMR LayerNorm keeps the shifted row in shared memory (fast_row: SHS) */
+#define LNORM_CUDA_SMR_SHIFT 0 /* SMR LayerNorm keeps the shifted row in shared memory (fast_row: SHS) */
+#endif
+#ifndef LNORM_CUDA_SMR_SHIFT_FENCE
+#define LNORM_CUDA_SMR_SHIFT_FENCE 1 /* SHS: each thread's proxy fence after its writes (0: the refilling warp's alone) */
 #endif
 #ifndef LNORM_CUDA_SMR_SEL
 #define LNORM_CUDA_SMR_SEL 1 /* SMR passes without a branch a chunk (fast_row: SEL) */
@@ -1200,8 +1206,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * bits are the same. The stage's first element is the shift K of a
      * one-CTA row (and of rank 0 of a cluster with dynamic tiles), which
      * other warps may still be reading during the first pass: thread 0
-     * writes its first chunk only once the first reduction is complete
-     * (every warp of the CTA has read K then: its partial depends on K). */
+     * puts that half of its first chunk over the stage only once the first
+     * reduction is complete (every warp of the CTA has read K then: its
+     * partial depends on K). */
     constexpr bool SHS = SMR && !RMS && !F32REG && LNORM_CUDA_SMR_SHIFT;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
@@ -1228,11 +1235,17 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             unpack<TX, BB>(raw[j], f);
         }
     };
-    /* SHS: write / read chunk j of the shifted row. */
+    /* SHS: write / read chunk j of the shifted row. Thread 0 writes the
+     * first half of its first chunk to k0s, and copies it over the stage
+     * after the first reduction. */
+    __shared__ float4 k0s;
     auto put_s = [&](int j, const float (&f)[VEC]) {
         if constexpr (SHS) {
             const int o = (j * TPR + t) * 16;
-            *reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow) + o) = make_float4(f[0], f[1], f[2], f[3]);
+            float4 *d0 = reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow) + o);
+            if (j == 0 && t == 0)
+                d0 = &k0s;
+            *d0 = make_float4(f[0], f[1], f[2], f[3]);
             if constexpr (VEC == 8)
                 *reinterpret_cast<float4 *>(sxr + o) = make_float4(f[4], f[5], f[6], f[7]);
         }
@@ -1274,8 +1287,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 for (int k = 0; k < VEC; k++)
                     f[k] = f[k] - K;
                 if constexpr (SHS)
-                    if (j != 0 || t != 0) /* thread 0's first chunk: after the reduction */
-                        put_s(j, f);
+                    put_s(j, f);
             }
             if constexpr (SEL) {
                 float s2 = sum;
@@ -1296,17 +1308,12 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
         par++;
         if constexpr (SHS) {
-            if (t == 0) { /* every warp has read K (above) */
-                float f[VEC];
-                chunk(0, f);
-#pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    f[k] = f[k] - K;
-                put_s(0, f);
-            }
+            if (t == 0) /* every warp has read K (above) */
+                *reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow)) = k0s;
             /* The stage is refilled by the async proxy once the row is
              * done: order this thread's writes before it (as TStore). */
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            if constexpr (LNORM_CUDA_SMR_SHIFT_FENCE)
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         }
         d = H > 0 ? sum / (float)H : 0.0f;
     }
@@ -1952,7 +1959,18 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         /* Stage st is read (SMR: once the row is done): refill it with
          * fill k + stages. */
         auto refill = [&]() {
-            __syncthreads();
+            if constexpr (SMR && LNORM_CUDA_SMR_ARRIVE) {
+                /* Warp 0 waits until every warp has read the stage; the
+                 * others arrive and go on to the next row. No warp arrives
+                 * twice before warp 0 has waited: the next row's first
+                 * reduction needs warp 0's partial. */
+                if (threadIdx.x >= 32)
+                    asm volatile("bar.arrive 1, %0;" ::"n"(BLOCK) : "memory");
+                else
+                    asm volatile("bar.sync 1, %0;" ::"n"(BLOCK) : "memory");
+            } else {
+                __syncthreads();
+            }
             if (threadIdx.x < 32) {
                 if constexpr (DYN) {
                     if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
