@@ -1133,7 +1133,7 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
 #define LNORM_CUDA_SMR_SHIFT 0 /* SMR LayerNorm keeps the shifted row in shared memory (fast_row: SHS) */
 #endif
 #ifndef LNORM_CUDA_SMR_SHIFT_FENCE
-#define LNORM_CUDA_SMR_SHIFT_FENCE 1 /* SHS: each thread's proxy fence after its writes (0: the refilling warp's alone) */
+#define LNORM_CUDA_SMR_SHIFT_FENCE 1 /* SHS: each thread's proxy fence after the first (1) or second (2) reduction; 0: the refilling warp's alone */
 #endif
 #ifndef LNORM_CUDA_SMR_SEL
 #define LNORM_CUDA_SMR_SEL 1 /* SMR passes without a branch a chunk (fast_row: SEL) */
@@ -1312,7 +1312,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 *reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow)) = k0s;
             /* The stage is refilled by the async proxy once the row is
              * done: order this thread's writes before it (as TStore). */
-            if constexpr (LNORM_CUDA_SMR_SHIFT_FENCE)
+            if constexpr (LNORM_CUDA_SMR_SHIFT_FENCE == 1)
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         }
         d = H > 0 ? sum / (float)H : 0.0f;
@@ -1347,6 +1347,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     }
     sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
+    if constexpr (SHS && LNORM_CUDA_SMR_SHIFT_FENCE == 2) /* SHS's fence, once the last row's stores are out */
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     if (!active)
         return; /* nothing below synchronizes */
     const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
