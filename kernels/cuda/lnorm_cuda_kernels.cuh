@@ -1126,17 +1126,8 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
-#ifndef LNORM_CUDA_SMR_ARRIVE
-#define LNORM_CUDA_SMR_ARRIVE 1 /* SMR: only warp 0 waits for the stage to be read before its refill (k_bulk) */
-#endif
-#ifndef LNORM_CUDA_SMR_SHIFT
-#define LNORM_CUDA_SMR_SHIFT 0 /* SMR LayerNorm keeps the shifted row in shared memory (fast_row: SHS) */
-#endif
-#ifndef LNORM_CUDA_SMR_SHIFT_FENCE
-#define LNORM_CUDA_SMR_SHIFT_FENCE 1 /* SHS: each thread's proxy fence after the first (1) or second (2) reduction; 0: the refilling warp's alone */
-#endif
 #ifndef LNORM_CUDA_SMR_SEL
-#define LNORM_CUDA_SMR_SEL 1 /* SMR passes without a branch a chunk (fast_row: SEL) */
+#define LNORM_CUDA_SMR_SEL 1 /* cluster kernels' passes without a branch a chunk (fast_row: SEL) */
 #endif
 /* The fast path's arithmetic for one row, shared by k_fast (rows loaded
  * from global memory) and k_bulk (rows staged in shared memory), so a row
@@ -1152,8 +1143,7 @@ template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOC
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
-                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false,
-                                         unsigned char *sxr = nullptr)
+                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
@@ -1187,34 +1177,24 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * the statistics passes need no element masks and a chunk's store no
      * test of its end. Same operations, same bits. */
     constexpr bool WH = AL || XW; /* chunks are whole or past the end */
-    /* SEL (LNORM_CUDA_SMR_SEL): the SMR kernels compute every chunk of the
-     * slice (its stage holds the whole slice, so every read is inside it)
-     * and drop a chunk past the row's end by a select of the running sum
-     * (the sum before the chunk) and a predicated store, instead of a
-     * branch around each chunk: no divergent-branch bookkeeping a chunk,
-     * and the passes are straight-line code. A chunk inside the row adds
-     * the same values in the same order: same bits. */
-    constexpr bool SEL = SMR && XW && LNORM_CUDA_SMR_SEL;
+    /* SEL (LNORM_CUDA_SMR_SEL): the cluster kernels (SMR, CL > 1) compute
+     * every chunk of the slice (its stage holds the whole slice, so every
+     * read is inside it) and drop a chunk past the row's end by a select of
+     * the running sum (the sum before the chunk) and a predicated store,
+     * instead of a branch around each chunk: no divergent-branch
+     * bookkeeping a chunk, and the passes are straight-line code. A chunk
+     * inside the row adds the same values in the same order: same bits.
+     * Measured on the H200 (three runs, 2026-12-01): f32 LayerNorm
+     * H = 262144 (clusters of 16) +1.6..+1.8%, the other cluster rows
+     * within -0.3..+1.1%; bf16 LayerNorm in the one-CTA tier 10 1.5%
+     * slower each time, so tier 10 keeps the branches. */
+    constexpr bool SEL = SMR && XW && CL > 1 && LNORM_CUDA_SMR_SEL;
     constexpr bool SHIFTED = F32REG && !RMS && LNORM_CUDA_FAST_KREUSE;
-    /* SHS (LNORM_CUDA_SMR_SHIFT): LayerNorm in the SMR kernels keeps the
-     * shifted row (x - K, fp32) in shared memory after the first pass, so
-     * the later passes read it instead of converting and shifting again:
-     * elements 0-3 of a chunk go over the chunk in its stage (16 bytes),
-     * elements 4-7 of a 16-bit chunk into the CTA's scratch sxr (the
-     * launcher's LNORM__SMR_SCRATCH bytes after the stages), at the same
-     * offset. The values are the ones the passes computed before, so the
-     * bits are the same. The stage's first element is the shift K of a
-     * one-CTA row (and of rank 0 of a cluster with dynamic tiles), which
-     * other warps may still be reading during the first pass: thread 0
-     * puts that half of its first chunk over the stage only once the first
-     * reduction is complete (every warp of the CTA has read K then: its
-     * partial depends on K). */
-    constexpr bool SHS = SMR && !RMS && !F32REG && LNORM_CUDA_SMR_SHIFT;
     /* The centred value of element k of chunk f (x - K - mean; x for RMSNorm). */
     auto cen = [&](const float (&f)[VEC], int k, float d) -> float {
         if constexpr (RMS)
             return f[k];
-        else if constexpr (SHIFTED || SHS)
+        else if constexpr (SHIFTED)
             return f[k] - d;
         else
             return (f[k] - K) - d;
@@ -1235,41 +1215,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             unpack<TX, BB>(raw[j], f);
         }
     };
-    /* SHS: write / read chunk j of the shifted row. Thread 0 writes the
-     * first half of its first chunk to k0s, and copies it over the stage
-     * after the first reduction. */
-    __shared__ float4 k0s;
-    auto put_s = [&](int j, const float (&f)[VEC]) {
-        if constexpr (SHS) {
-            const int o = (j * TPR + t) * 16;
-            float4 *d0 = reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow) + o);
-            if (j == 0 && t == 0)
-                d0 = &k0s;
-            *d0 = make_float4(f[0], f[1], f[2], f[3]);
-            if constexpr (VEC == 8)
-                *reinterpret_cast<float4 *>(sxr + o) = make_float4(f[4], f[5], f[6], f[7]);
-        }
-    };
-    /* Chunk j of the row for the passes after the first: centred by cen. */
-    auto chunk2 = [&](int j, float (&f)[VEC]) {
-        if constexpr (SHS) {
-            const int o = (j * TPR + t) * 16;
-            const float4 a = *reinterpret_cast<const float4 *>(srow + o);
-            f[0] = a.x;
-            f[1] = a.y;
-            f[2] = a.z;
-            f[3] = a.w;
-            if constexpr (VEC == 8) {
-                const float4 b = *reinterpret_cast<const float4 *>(sxr + o);
-                f[4] = b.x;
-                f[5] = b.y;
-                f[6] = b.z;
-                f[7] = b.w;
-            }
-        } else {
-            chunk(j, f);
-        }
-    };
     float d = 0.0f;
     if constexpr (!RMS) {
         float sum = 0.0f;
@@ -1286,8 +1231,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     f[k] = f[k] - K;
-                if constexpr (SHS)
-                    put_s(j, f);
             }
             if constexpr (SEL) {
                 float s2 = sum;
@@ -1307,14 +1250,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         }
         sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
         par++;
-        if constexpr (SHS) {
-            if (t == 0) /* every warp has read K (above) */
-                *reinterpret_cast<float4 *>(const_cast<unsigned char *>(srow)) = k0s;
-            /* The stage is refilled by the async proxy once the row is
-             * done: order this thread's writes before it (as TStore). */
-            if constexpr (LNORM_CUDA_SMR_SHIFT_FENCE == 1)
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        }
         d = H > 0 ? sum / (float)H : 0.0f;
     }
     float sq = 0.0f;
@@ -1322,7 +1257,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         float f[VEC];
-        chunk2(j, f);
+        chunk(j, f);
         if constexpr (SEL) {
             float q2 = sq;
 #pragma unroll
@@ -1347,8 +1282,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     }
     sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
-    if constexpr (SHS && LNORM_CUDA_SMR_SHIFT_FENCE == 2) /* SHS's fence, once the last row's stores are out */
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     if (!active)
         return; /* nothing below synchronizes */
     const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
@@ -1384,7 +1317,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             if (!SEL && c0 >= H)
                 continue;
             float f[VEC], g[VEC], b[VEC];
-            chunk2(j, f);
+            chunk(j, f);
             if constexpr (GC) {
                 unpack<TP, BB>(gcache[j], g);
                 unpack<TP, BB>(bcache[j], b);
@@ -1734,13 +1667,6 @@ __device__ __forceinline__ void st_async_peer_s64(int64_t *dst, int64_t v, uint6
                  : "memory");
 }
 
-/* Bytes of shared memory after the stages of an SMR LayerNorm CTA with
- * 16-bit x: the second half of the shifted row (fast_row: SHS). */
-template <typename TX, bool RMS, int TPR, int NCH, int CL> struct SmrScratch {
-    static constexpr int64_t bytes =
-        BulkShape<TPR, NCH, CL>::smr && !RMS && LNORM_CUDA_SMR_SHIFT && sizeof(TX) == 2 ? (int64_t)TPR * NCH * 16 : 0;
-};
-
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL>
 __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR, NCH, CL>::min_blocks)
     k_bulk(const __grid_constant__ lnorm__kparams p, int stages)
@@ -1773,9 +1699,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     const int64_t stage_bytes = rs * RPC;
     const int64_t ntiles = (p.total_rows + RPC - 1) / RPC;
     const bool multi = p.table != nullptr;
-    /* SMR LayerNorm with 16-bit x: elements 4-7 of the shifted row's chunks
-     * (fast_row: SHS), after the stages. */
-    unsigned char *const scratch = SmrScratch<TX, RMS, TPR, NCH, CL>::bytes ? stage_mem + stages * stage_bytes : nullptr;
     /* Dynamic tiles (DynTiles above): uniform over the grid; compiled in
      * where LNORM__DYN says. */
     constexpr bool DYN = LNORM__DYN(RMS, TPR, CL);
@@ -1961,18 +1884,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         /* Stage st is read (SMR: once the row is done): refill it with
          * fill k + stages. */
         auto refill = [&]() {
-            if constexpr (SMR && LNORM_CUDA_SMR_ARRIVE) {
-                /* Warp 0 waits until every warp has read the stage; the
-                 * others arrive and go on to the next row. No warp arrives
-                 * twice before warp 0 has waited: the next row's first
-                 * reduction needs warp 0's partial. */
-                if (threadIdx.x >= 32)
-                    asm volatile("bar.arrive 1, %0;" ::"n"(BLOCK) : "memory");
-                else
-                    asm volatile("bar.sync 1, %0;" ::"n"(BLOCK) : "memory");
-            } else {
-                __syncthreads();
-            }
+            __syncthreads();
             if (threadIdx.x < 32) {
                 if constexpr (DYN) {
                     if constexpr (SMR && TStore<RMS, CL>::value) /* y's copy has read the stage */
@@ -2018,7 +1930,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                         (((uintptr_t)yrow + (uintptr_t)yoff) & 15) == 0;
         fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, !SMR && NCH * VEC <= LNORM_CUDA_BULK_F32REG, false, SMR,
                  LNORM_CUDA_BULK_XW != 0>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src,
-                                           ts, scratch);
+                                           ts);
         if constexpr (SMR && TStore<RMS, CL>::value) {
             if (ts) { /* uniform over the CTA (one row a CTA) */
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -2124,14 +2036,12 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
     constexpr int64_t max_st = SMR ? LNORM_CUDA_SMR_STAGES : LNORM__BULK_MAXST;
-    constexpr int64_t scratch = SmrScratch<TX, RMS, TPR, NCH, CL>::bytes; /* after the stages */
     int n = occ, stages = 0;
     for (; n >= 1; n--) {
         int64_t per = SMR ? ((int64_t)LNORM__BULK_SMEM_SM - n * static_cta) / n
                           : (int64_t)lnorm__bulk_smem_kb * 1024 / n;
         if (per > LNORM__BULK_SMEM_CTA)
             per = LNORM__BULK_SMEM_CTA;
-        per -= scratch;
         int64_t s = per / stage_bytes;
         if (s > max_st)
             s = max_st;
@@ -2140,16 +2050,16 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
             break;
         }
     }
-    if (stages == 0 && 2 * stage_bytes + scratch <= LNORM__BULK_SMEM_CTA) {
+    if (stages == 0 && 2 * stage_bytes <= LNORM__BULK_SMEM_CTA) {
         n = 1;
         stages = 2;
     }
     if (stages == 0)
         return cudaErrorInvalidValue;
     if (lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
-        lnorm__bulk_stages_override * stage_bytes + scratch <= LNORM__BULK_SMEM_CTA)
+        lnorm__bulk_stages_override * stage_bytes <= LNORM__BULK_SMEM_CTA)
         stages = lnorm__bulk_stages_override;
-    const size_t smem = (size_t)(stages * stage_bytes + scratch);
+    const size_t smem = (size_t)(stages * stage_bytes);
     const int64_t tiles = (p->total_rows + RPC - 1) / RPC;
     if constexpr (CL == 1) {
         const int64_t cap = (int64_t)sms * n;
