@@ -1232,16 +1232,12 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 for (int k = 0; k < VEC; k++)
                     f[k] = f[k] - K;
             }
-            if constexpr (SEL) {
+            if (SEL || (WH ? c0 < H : c0 + VEC <= H)) {
                 float s2 = sum;
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     s2 += f[k];
-                sum = c0 < H ? s2 : sum;
-            } else if (WH ? c0 < H : c0 + VEC <= H) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    sum += f[k];
+                sum = (!SEL || c0 < H) ? s2 : sum; /* SEL: a chunk past the end adds nothing */
             } else if (!WH) {
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
@@ -1258,20 +1254,14 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
         float f[VEC];
         chunk(j, f);
-        if constexpr (SEL) {
+        if (SEL || (WH ? c0 < H : c0 + VEC <= H)) {
             float q2 = sq;
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float e = cen(f, k, d);
                 q2 = __fmaf_rn(e, e, q2);
             }
-            sq = c0 < H ? q2 : sq;
-        } else if (WH ? c0 < H : c0 + VEC <= H) {
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                const float e = cen(f, k, d);
-                sq = __fmaf_rn(e, e, sq);
-            }
+            sq = (!SEL || c0 < H) ? q2 : sq;
         } else if (!WH) {
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
@@ -1345,11 +1335,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             }
             if constexpr (AL)
                 store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
-            else if constexpr (SEL) {
-                if (c0 < H) /* SEL: computed past the row's end, not stored */
+            else if constexpr (XW) {
+                if (!SEL || c0 < H) /* the chunk is whole (SEL: computed past the row's end, not stored) */
                     store_raw<TX>(yr, c0, c0 + VEC, yal, pack<TX>(f));
-            } else if constexpr (XW)
-                store_raw<TX>(yr, c0, c0 + VEC, yal, pack<TX>(f)); /* c0 < H: the chunk is whole */
+            }
             else
                 store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
 #if LNORM_CUDA_EMIT_BARRIER
