@@ -82,7 +82,11 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * whose H and strides are whole 16-byte units: off, where it pays
  * (default: every op and dtype but RMSNorm with 16-bit x), wherever rows
  * allow), "bulk_dynamic" 0/1 (dynamic tiles for launches with a workspace:
- * off, on (default)); "defaults" 0 puts every knob back to its initial value. Every
+ * off, on (default)), "fast_reread" 0/1/2 (the fast kernel's re-read form,
+ * which reads the row again in each pass instead of holding it in
+ * registers, in the tiers of 128 threads a row and more: off, where it
+ * pays (default), wherever the straight-line form runs, and in the
+ * 1024-thread one-CTA tier instead of the bulk kernel); "defaults" 0 puts every knob back to its initial value. Every
  * setting gives the same output bits. Returns LNORM_EINVAL for an unknown name or
  * value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
@@ -91,8 +95,9 @@ int lnorm_cuda_set_tuning(const char *name, int value);
  * that ran the bulk-copy kernels), "bulk_fallbacks" (launches marked for
  * them that ran the kernels without bulk copies because the stages did not
  * fit or the device refused the set-up), "aligned_launches" (launches of
- * the fast kernel's straight-line form) and "dynamic_launches" (bulk
- * launches whose CTAs took dynamic tiles). -1 for an unknown name. */
+ * the fast kernel's straight-line form), "reread_launches" (those of its
+ * re-read form) and "dynamic_launches" (bulk launches whose CTAs took
+ * dynamic tiles). -1 for an unknown name. */
 long lnorm_cuda_stat(const char *name);
 
 #ifdef __cplusplus

@@ -69,6 +69,32 @@ extern int lnorm__fast_grid;
  * where it measured faster (lnorm__al_pays), 2 wherever rows allow. */
 extern int lnorm__fast_aligned;
 extern long lnorm__al_launches;
+/* k_fast's re-read form (RR: the AL form holding nothing of the row
+ * between passes, each pass reading it again through the L1 cache; same
+ * bits), in the one-CTA tiers of at least LNORM_CUDA_RR_MIN_TPR threads a
+ * row: 0 never, 1 (default) where lnorm__rr_use's policy says, 2 wherever
+ * a segment takes the AL form (and, in the 1024-thread tier 10, instead
+ * of the bulk kernel for AL rows). */
+extern int lnorm__fast_reread;
+extern long lnorm__rr_launches;
+#ifndef LNORM_CUDA_RR_MIN_TPR
+#define LNORM_CUDA_RR_MIN_TPR 128
+#endif
+/* LNORM_CUDA_RR_POLICY: where "fast_reread" 1 takes the RR form
+ * (x_bytes: 2 or 4; rms: 0/1; tpr: threads a row of the tier). 0: nowhere. */
+#ifndef LNORM_CUDA_RR_POLICY
+#define LNORM_CUDA_RR_POLICY 0
+#endif
+static inline int lnorm__rr_use(int x_bytes, int rms, int tpr)
+{
+    (void)x_bytes;
+    (void)rms;
+    if (tpr < LNORM_CUDA_RR_MIN_TPR || lnorm__fast_reread == 0)
+        return 0;
+    if (lnorm__fast_reread == 2)
+        return 1;
+    return LNORM_CUDA_RR_POLICY != 0;
+}
 /* Launches that ran the bulk kernels, and bulk launches that fell back to
  * the kernels without bulk copies (lnorm_cuda_stat). */
 extern long lnorm__bulk_launches;

@@ -438,6 +438,30 @@ template <typename T> __device__ __forceinline__ T load_x16(const T *p)
 #endif
 }
 
+/* Loads of the re-read form (RR, k_fast): x is read from global memory
+ * in every pass; the statistics passes ask L1 to keep the lines
+ * (L1::evict_last), the output pass to drop them first (L1::evict_first),
+ * as they are not read again. LNORM_CUDA_RR_HINT 0: plain loads. Coherent
+ * loads (not .nc): y may be x. */
+#ifndef LNORM_CUDA_RR_HINT
+#define LNORM_CUDA_RR_HINT 1
+#endif
+template <bool LAST> __device__ __forceinline__ uint4 load_rr16(const void *q)
+{
+    uint4 r;
+#if LNORM_CUDA_RR_HINT
+    if constexpr (LAST)
+        asm volatile("ld.global.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(q));
+    else
+        asm volatile("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(q));
+#else
+    r = *reinterpret_cast<const uint4 *>(q);
+#endif
+    return r;
+}
+
 /* Stores of y: 0 (default) plain; A/B builds: 1 evict-first (__stcs). */
 #ifndef LNORM_CUDA_STCS
 #define LNORM_CUDA_STCS 0
@@ -1139,7 +1163,7 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
-          bool AL = false, bool SMR = false, bool XW = false>
+          bool AL = false, bool SMR = false, bool XW = false, bool RR = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
@@ -1199,9 +1223,20 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         else
             return (f[k] - K) - d;
     };
-    /* Chunk j of the row as fp32. */
-    auto chunk = [&](int j, float (&f)[VEC]) {
-        if constexpr (F32REG) {
+    /* RR (k_fast's re-read form, AL rows, one CTA a row): nothing of the
+     * row is held between passes; each pass reads its chunks again from
+     * global memory (srow: the row), where the first pass left them in
+     * the L1 cache (load_rr16). Chunks past the row's end are not read
+     * (+0, as AL's loads leave them). Same values, same bits. */
+    static_assert(!RR || (AL && !F32REG && !SMR && CL == 1), "RR: the AL form of k_fast");
+    /* Chunk j of the row as fp32 (last: the output pass). */
+    auto chunk = [&](int j, float (&f)[VEC], bool last = false) {
+        if constexpr (RR) {
+            uint4 u = make_uint4(0u, 0u, 0u, 0u);
+            if ((j * TPR + t) * VEC < H)
+                u = last ? load_rr16<true>(srow + (j * TPR + t) * 16) : load_rr16<false>(srow + (j * TPR + t) * 16);
+            unpack<TX, BB>(u, f);
+        } else if constexpr (F32REG) {
 #pragma unroll
             for (int k = 0; k < VEC; k++)
                 f[k] = fv[j][k];
@@ -1307,7 +1342,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             if (!SEL && c0 >= H)
                 continue;
             float f[VEC], g[VEC], b[VEC];
-            chunk(j, f);
+            chunk(j, f, true);
             if constexpr (GC) {
                 unpack<TP, BB>(gcache[j], g);
                 unpack<TP, BB>(bcache[j], b);
@@ -1391,9 +1426,16 @@ static_assert(LNORM_CUDA_MIN_BLOCK >= 32 && LNORM_CUDA_MIN_BLOCK <= 128 &&
 template <int TPR> struct FastBlock {
     static constexpr int value = TPR > LNORM_CUDA_MIN_BLOCK ? TPR : LNORM_CUDA_MIN_BLOCK;
 };
-template <int TPR, int NCH> struct FastShape {
+/* LNORM_CUDA_RR_REGS: register budget of k_fast's re-read form (RR),
+ * which holds no row between passes: 32 gives 2048 resident threads an SM
+ * in every CTA size. LNORM_CUDA_RR_MIN_TPR: the RR form exists in the
+ * tiers of at least this many threads a row (fewer kernels to compile). */
+#ifndef LNORM_CUDA_RR_REGS
+#define LNORM_CUDA_RR_REGS 32
+#endif
+template <int TPR, int NCH, bool RR = false> struct FastShape {
     static constexpr int block = FastBlock<TPR>::value;
-    static constexpr int regs = block <= 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
+    static constexpr int regs = RR ? LNORM_CUDA_RR_REGS : block <= 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
 
@@ -1406,8 +1448,8 @@ template <int TPR, int NCH> struct FastShape {
  * row (one vector access) or outside it (skipped): straight-line vector
  * code without the element-by-element fallbacks. Same operations, same
  * bits. */
-template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI, bool AL = false>
-__global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH>::min_blocks)
+template <typename TX, typename TP, bool RMS, int TPR, int NCH, bool MULTI, bool AL = false, bool RR = false>
+__global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR, NCH, RR>::min_blocks)
     k_fast(const __grid_constant__ lnorm__kparams p)
 {
     constexpr int BLOCK = FastShape<TPR, NCH>::block;
@@ -1430,17 +1472,20 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH>::block, FastShape<TPR, NCH
         const TX *xr = (const TX *)s->x + r * s->x_stride;
         const bool xal = ((uintptr_t)xr & 15) == 0;
         uint4 raw[NCH];
+        if constexpr (!RR) {
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = (j * TPR + t) * VEC;
-            if constexpr (AL)
-                raw[j] = c0 < H ? load_x16(reinterpret_cast<const uint4 *>(xr + c0)) : make_uint4(0u, 0u, 0u, 0u);
-            else
-                raw[j] = load_raw<TX>(xr, c0, H, xal);
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = (j * TPR + t) * VEC;
+                if constexpr (AL)
+                    raw[j] = c0 < H ? load_x16(reinterpret_cast<const uint4 *>(xr + c0)) : make_uint4(0u, 0u, 0u, 0u);
+                else
+                    raw[j] = load_raw<TX>(xr, c0, H, xal);
+            }
         }
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, LNORM_CUDA_FAST_F32REG != 0, AL>(raw, s, r, H, active, K, 0, t, red, nullptr, par,
-                                                                 gcache, bcache, cs);
+        fast_row<TX, TP, RMS, TPR, NCH, 1, BLOCK, GC, !RR && LNORM_CUDA_FAST_F32REG != 0, AL, false, false, RR>(
+            raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache, bcache, cs,
+            reinterpret_cast<const unsigned char *>(xr));
     }
 }
 
@@ -2091,29 +2136,39 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
 {
     constexpr int BLOCK = FastShape<TPR, NCH>::block;
     constexpr int RPC = BLOCK / TPR;
-    static int cache[4][64]; /* occupancy of each form: table or one segment, general or AL */
+    static int cache[6][64]; /* occupancy of each form: table or one segment, general, AL or RR */
     int dev = 0, sms = 0;
     cudaError_t e = device_sms(&dev, &sms);
     if (e != cudaSuccess)
         return e;
     const bool al = (p->fast & LNORM__FAST_AL) != 0; /* set by the host (lnorm__al_ok) */
-    const int form = (p->table ? 0 : 1) + (al ? 2 : 0);
+    /* The re-read form (RR) of the AL form, where compiled and chosen
+     * (lnorm__rr_use: "fast_reread"). */
+    constexpr bool RRC = TPR >= LNORM_CUDA_RR_MIN_TPR;
+    const bool rr = RRC && al && lnorm__rr_use((int)sizeof(TX), RMS ? 1 : 0, TPR);
+    const int form = (p->table ? 0 : 1) + (al ? 2 : 0) + (rr ? 2 : 0);
     static void (*const kerns[4])(const lnorm__kparams) = {
         k_fast<TX, TP, RMS, TPR, NCH, true>, k_fast<TX, TP, RMS, TPR, NCH, false>,
         k_fast<TX, TP, RMS, TPR, NCH, true, true>, k_fast<TX, TP, RMS, TPR, NCH, false, true>};
-    auto kern = kerns[form];
+    void (*kern)(const lnorm__kparams) = kerns[form & 3];
+    if constexpr (RRC) {
+        if (rr)
+            kern = p->table ? k_fast<TX, TP, RMS, TPR, NCH, true, true, true> : k_fast<TX, TP, RMS, TPR, NCH, false, true, true>;
+    }
     int occ = 0;
     e = cached_occupancy(kern, BLOCK, dev, cache[form], &occ);
     if (e != cudaSuccess)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
-    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && BLOCK < 1024);
+    const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && (BLOCK < 1024 || rr));
     const int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
     e = cudaGetLastError();
     if (e == cudaSuccess && al)
         __atomic_fetch_add(&lnorm__al_launches, 1L, __ATOMIC_RELAXED);
+    if (e == cudaSuccess && rr)
+        __atomic_fetch_add(&lnorm__rr_launches, 1L, __ATOMIC_RELAXED);
     return e;
 }
 

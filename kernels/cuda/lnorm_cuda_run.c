@@ -72,6 +72,9 @@ int lnorm__bulk_smem_kb = LNORM__INIT_BULK_SMEM_KB;
 int lnorm__fast_grid = 0;
 int lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
 long lnorm__al_launches = 0;
+#define LNORM__INIT_FAST_REREAD 1
+int lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
+long lnorm__rr_launches = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 long lnorm__dyn_launches = 0;
@@ -88,6 +91,8 @@ long lnorm_cuda_stat(const char *name)
         return __atomic_load_n(&lnorm__dyn_launches, __ATOMIC_RELAXED);
     if (name && !strcmp(name, "aligned_launches"))
         return __atomic_load_n(&lnorm__al_launches, __ATOMIC_RELAXED);
+    if (name && !strcmp(name, "reread_launches"))
+        return __atomic_load_n(&lnorm__rr_launches, __ATOMIC_RELAXED);
     return -1;
 }
 
@@ -103,6 +108,7 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_grid = 0;
         lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
         lnorm__bulk_dynamic = LNORM__INIT_BULK_DYNAMIC;
+        lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
     } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
     else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
@@ -117,6 +123,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_aligned = value;
     else if (!strcmp(name, "bulk_dynamic") && value >= 0 && value <= 1)
         lnorm__bulk_dynamic = value;
+    else if (!strcmp(name, "fast_reread") && value >= 0 && value <= 2)
+        lnorm__fast_reread = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;
@@ -215,6 +223,12 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
      * bulk form where rows allow). */
     if (!LNORM__SMR(sh->tpr, cl) && cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
         (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
+        return v | LNORM__FAST_AL;
+    /* The one-CTA SMR tier (1024 threads a row) takes k_fast's AL form
+     * where its re-read form (RR) is chosen for the segment, instead of
+     * the bulk kernel. */
+    if (LNORM__SMR(sh->tpr, cl) && cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
+        lnorm__rr_use((int)lnorm_dtype_size(s->x_dtype), s->op == LNORM_OP_RMSNORM, sh->tpr))
         return v | LNORM__FAST_AL;
     if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))
         return v | LNORM__FAST_BULK;

@@ -298,15 +298,47 @@ static void variants(void)
     y32.y_dtype = LNORM_DTYPE_F32;
     CHECK(variant_of(&y32) == LNORM__FAST_NONE, "y of another dtype must take the general kernel");
     CHECK(lnorm_cuda_set_tuning("fast_aligned", 3) == LNORM_EINVAL, "fast_aligned 3 must be refused");
+    /* "fast_reread" 2: tier 10's aligned rows take k_fast's AL form (whose
+     * launcher then runs the re-read form) instead of the bulk kernel,
+     * unless bulk is forced or the AL form is off; misaligned rows and the
+     * cluster tiers are not affected. */
+    if (T10 == PLAIN) {
+        const lnorm_segment t10 = seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 20000, 0, 0, 0);
+        const lnorm_segment t10f = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 2, 16384, 0, 0, 0);
+        const lnorm_segment t10m = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 20000, 2, 0, 0);
+        const lnorm_segment clu = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 65536, 0, 0, 0);
+        CHECK(lnorm_cuda_set_tuning("fast_reread", 2) == LNORM_OK, "fast_reread 2");
+        tune(1, 1);
+        CHECK((variant_of(&t10) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_AL,
+              "fast_reread 2: bf16 RMS H=20000 aligned must take the AL form");
+        CHECK((variant_of(&t10f) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_AL,
+              "fast_reread 2: f32 LN H=16384 aligned must take the AL form");
+        CHECK((variant_of(&t10m) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == 0,
+              "fast_reread 2: a misaligned tier-10 row keeps k_fast's general form");
+        CHECK((variant_of(&clu) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_BULK,
+              "fast_reread 2: cluster tiers keep the bulk kernel");
+        tune(2, 1);
+        CHECK((variant_of(&t10) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_BULK,
+              "fast_reread 2, bulk forced: tier 10 must take the bulk kernel");
+        tune(1, 0);
+        CHECK((variant_of(&t10) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_BULK,
+              "fast_reread 2, fast_aligned 0: tier 10 must take the bulk kernel");
+        CHECK(lnorm_cuda_set_tuning("fast_reread", 0) == LNORM_OK, "fast_reread 0");
+        tune(1, 1);
+        CHECK((variant_of(&t10) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_BULK,
+              "fast_reread 0: tier 10 must take the bulk kernel");
+        CHECK(lnorm_cuda_set_tuning("fast_reread", 3) == LNORM_EINVAL, "fast_reread 3 must be refused");
+    }
     /* "defaults" puts every knob back (bench/kernels.py resets with it after each variant). */
     tune(0, 0);
+    CHECK(!lnorm_cuda_set_tuning("fast_reread", 2), "fast_reread 2 must be accepted");
     CHECK(!lnorm_cuda_set_tuning("bulk_stages", 2) && !lnorm_cuda_set_tuning("bulk_ctas", 3) &&
               !lnorm_cuda_set_tuning("bulk_smem_kb", 100) && !lnorm_cuda_set_tuning("fast_grid", 2),
           "knobs must take their settings");
     CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults 0 must be accepted");
     CHECK(lnorm__bulk_enabled == 1 && lnorm__fast_aligned == LNORM_CUDA_FAST_ALIGNED &&
               lnorm__bulk_stages_override == 0 && lnorm__bulk_ctas_override == 0 && lnorm__bulk_smem_kb == 64 &&
-              lnorm__fast_grid == 0,
+              lnorm__fast_grid == 0 && lnorm__fast_reread == 1,
           "defaults: a knob kept its setting");
     const lnorm_segment al = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
     CHECK((variant_of(&al) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_AL,

@@ -213,6 +213,13 @@ static int tier_ctas(const char *tdesc, int op, int *dyn)
     return cl;
 }
 
+/* Threads a row of a register tier (0 for the streaming tier). */
+static int tier_tpr(const char *tdesc)
+{
+    int tpr = 0, nch = 0, cl = 0;
+    return sscanf(tdesc, "reg%dx%dcl%d", &tpr, &nch, &cl) == 3 ? tpr : 0;
+}
+
 static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_align)
 {
     lnorm_test_case tc;
@@ -647,24 +654,30 @@ static void bulk_table(lnorm_rng *g)
  * tiles in the kernels that read rows from shared memory (tiers of 1024
  * threads a row): each must have run such a launch there (counter
  * "dynamic_launches"), and they run one after another on one workspace, so
- * a counter the kernel failed to put back would leave rows unwritten. */
+ * a counter the kernel failed to put back would leave rows unwritten. The
+ * runs with "fast_reread" 2 must take k_fast's re-read form in every
+ * one-CTA tier of at least LNORM_CUDA_RR_MIN_TPR threads a row (counter
+ * "reread_launches"; these rows all qualify for the aligned form), those
+ * with 0 nowhere. */
 static void bulk_pipeline(lnorm_rng *g, int quick)
 {
     static const int64_t hs[] = {64, 256, 1000, 2000, 4096, 12000, 20000, 40000, 100000};
     static const struct {
         const char *name;
-        int bulk, stages, ctas, grid, aligned, dyn;
-    } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0},
-                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0},
-                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0},
-                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2, 0},
-                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0, 0},
-                {"bulk forced, 3 stages", 2, 3, 0, 0, 0, 0},
-                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0, 0},
-                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1, 0},
-                {"bulk forced, 2 stages, dynamic tiles", 2, 2, 0, 0, 0, 1},
-                {"default policy, dynamic tiles", 1, 0, 0, 0, 1, 1},
-                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1}};
+        int bulk, stages, ctas, grid, aligned, dyn, reread;
+    } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0, 0},
+                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0, 0},
+                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0, 0},
+                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2, 0, 0},
+                {"bulk off, aligned fast form, re-read form wherever it exists", 0, 0, 0, 0, 2, 0, 2},
+                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0, 0, 1},
+                {"bulk forced, 3 stages", 2, 3, 0, 0, 0, 0, 1},
+                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0, 0, 1},
+                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1, 0, 1},
+                {"default policy, re-read form wherever rows allow", 1, 0, 0, 0, 2, 0, 2},
+                {"bulk forced, 2 stages, dynamic tiles", 2, 2, 0, 0, 0, 1, 1},
+                {"default policy, dynamic tiles", 1, 0, 0, 0, 1, 1, 1},
+                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1, 1}};
     lnorm_cuda_ws *ws = NULL;
     if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
         fprintf(stderr, "FAIL bulk pipeline: lnorm_cuda_ws_create\n");
@@ -729,10 +742,13 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         if ((runs[ri].dyn && !tdyn) ||
                             (tcl > 1 && (runs[ri].grid || runs[ri].aligned == 2)))
                             continue;
+                        /* Tiers with the re-read form: one CTA a row, enough threads. */
+                        const int trr = tcl == 1 && tier_tpr(tdesc) >= LNORM_CUDA_RR_MIN_TPR;
                         if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
                             lnorm_cuda_set_tuning("bulk_ctas", runs[ri].ctas) ||
                             lnorm_cuda_set_tuning("fast_grid", runs[ri].grid) ||
-                            lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned)) {
+                            lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned) ||
+                            lnorm_cuda_set_tuning("fast_reread", runs[ri].reread)) {
                             fprintf(stderr, "FAIL %s: lnorm_cuda_set_tuning refused\n", label);
                             fails++;
                             break;
@@ -741,6 +757,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         const char *why = NULL;
                         const long nb = lnorm_cuda_stat("bulk_launches");
                         const long nd = lnorm_cuda_stat("dynamic_launches");
+                        const long nrr = lnorm_cuda_stat("reread_launches");
                         int err = gpu_run_ws(&tc, 0, runs[ri].dyn ? ws : NULL, &why);
                         if (err) {
                             fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
@@ -750,6 +767,12 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         }
                         const long ran = lnorm_cuda_stat("bulk_launches") - nb;
                         const long want = runs[ri].bulk == 2 ? 1 : 0; /* the policy's choice is not checked */
+                        const long rran = lnorm_cuda_stat("reread_launches") - nrr;
+                        if (runs[ri].reread != 1 && rran != (runs[ri].reread == 2 && trr ? 1 : 0)) {
+                            fprintf(stderr, "FAIL %s (%s): %ld launches of the re-read form, expected %d\n", label,
+                                    runs[ri].name, rran, runs[ri].reread == 2 && trr ? 1 : 0);
+                            fails++;
+                        }
                         if (runs[ri].bulk != 1 && ran != want) {
                             fprintf(stderr, "FAIL %s (%s): %ld bulk launches, expected %ld\n", label, runs[ri].name,
                                     ran, want);
@@ -761,7 +784,14 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                          * where LNORM__DYN says (the other runs with one
                          * were skipped above). */
                         const long dyn = lnorm_cuda_stat("dynamic_launches") - nd;
-                        const long want_dyn = runs[ri].dyn && runs[ri].bulk;
+                        /* (Where the re-read form is chosen, tier 10 runs
+                         * k_fast instead, unless bulk is forced.) */
+                        const int rr_sel = runs[ri].reread == 2 ||
+                                           (runs[ri].reread == 1 &&
+                                            lnorm__rr_use((int)lnorm_dtype_size(c.x_dtype), op == LNORM_OP_RMSNORM,
+                                                          tier_tpr(tdesc)));
+                        const long want_dyn = runs[ri].dyn && runs[ri].bulk &&
+                                              !(runs[ri].bulk != 2 && trr && runs[ri].aligned && rr_sel);
                         if (dyn != want_dyn) {
                             fprintf(stderr, "FAIL %s (%s): %ld launches with dynamic tiles, expected %ld\n", label,
                                     runs[ri].name, dyn, want_dyn);
@@ -787,6 +817,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     lnorm_cuda_set_tuning("bulk_ctas", 0);
     lnorm_cuda_set_tuning("fast_grid", 0);
     lnorm_cuda_set_tuning("fast_aligned", 1);
+    lnorm_cuda_set_tuning("fast_reread", 1);
     lnorm_cuda_ws_destroy(ws);
     g_cases += cases;
     g_fails += fails;
