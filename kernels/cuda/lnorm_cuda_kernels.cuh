@@ -446,6 +446,9 @@ template <typename T> __device__ __forceinline__ T load_x16(const T *p)
 #ifndef LNORM_CUDA_RR_HINT
 #define LNORM_CUDA_RR_HINT 1
 #endif
+#ifndef LNORM_CUDA_RR_BATCH
+#define LNORM_CUDA_RR_BATCH 1 /* fast_row: a pass's RR loads issued together (CTAs under 1024 threads) */
+#endif
 template <bool LAST> __device__ __forceinline__ uint4 load_rr16(const void *q)
 {
     uint4 r;
@@ -1229,9 +1232,27 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
      * the L1 cache (load_rr16). Chunks past the row's end are not read
      * (+0, as AL's loads leave them). Same values, same bits. */
     static_assert(!RR || (AL && !F32REG && !SMR && CL == 1), "RR: the AL form of k_fast");
+    /* RR: a pass's loads, all issued before its arithmetic (rr_fill), in
+     * CTAs of fewer than 1024 threads (LNORM_CUDA_RR_BATCH; at the
+     * 32-register budget of the 1024-thread CTAs it spills, and each chunk
+     * is loaded where it is used). */
+    constexpr bool RRB = RR && BLOCK < 1024 && LNORM_CUDA_RR_BATCH;
+    uint4 rb[RRB ? NCH : 1];
+    auto rr_fill = [&](bool last) {
+        if constexpr (RRB) {
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                rb[j] = make_uint4(0u, 0u, 0u, 0u);
+                if ((j * TPR + t) * VEC < H)
+                    rb[j] = last ? load_rr16<true>(srow + (j * TPR + t) * 16) : load_rr16<false>(srow + (j * TPR + t) * 16);
+            }
+        }
+    };
     /* Chunk j of the row as fp32 (last: the output pass). */
     auto chunk = [&](int j, float (&f)[VEC], bool last = false) {
-        if constexpr (RR) {
+        if constexpr (RRB) {
+            unpack<TX, BB>(rb[RRB ? j : 0], f);
+        } else if constexpr (RR) {
             uint4 u = make_uint4(0u, 0u, 0u, 0u);
             if ((j * TPR + t) * VEC < H)
                 u = last ? load_rr16<true>(srow + (j * TPR + t) * 16) : load_rr16<false>(srow + (j * TPR + t) * 16);
@@ -1253,6 +1274,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     float d = 0.0f;
     if constexpr (!RMS) {
         float sum = 0.0f;
+        rr_fill(false);
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
@@ -1284,6 +1306,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         d = H > 0 ? sum / (float)H : 0.0f;
     }
     float sq = 0.0f;
+    rr_fill(false);
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
@@ -1336,6 +1359,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     /* The output pass; g_ / b_: gamma / beta, or a null constant where the
      * caller knows the parameter is absent (so its fills fold away). */
     auto emit = [&](const TP *g_, const TP *b_) {
+        rr_fill(true);
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
@@ -1427,15 +1451,18 @@ template <int TPR> struct FastBlock {
     static constexpr int value = TPR > LNORM_CUDA_MIN_BLOCK ? TPR : LNORM_CUDA_MIN_BLOCK;
 };
 /* LNORM_CUDA_RR_REGS: register budget of k_fast's re-read form (RR),
- * which holds no row between passes: 32 gives 2048 resident threads an SM
- * in every CTA size. LNORM_CUDA_RR_MIN_TPR: the RR form exists in the
- * tiers of at least this many threads a row (fewer kernels to compile). */
+ * which holds no row between passes, in CTAs of up to 512 threads (40:
+ * 1536 resident threads an SM, no spills with a pass's loads batched);
+ * 1024-thread CTAs get 32 (two CTAs an SM). LNORM_CUDA_RR_MIN_TPR
+ * (lnorm_cuda_impl.h): the RR form exists in the tiers of at least this
+ * many threads a row (fewer kernels to compile). */
 #ifndef LNORM_CUDA_RR_REGS
-#define LNORM_CUDA_RR_REGS 32
+#define LNORM_CUDA_RR_REGS 40
 #endif
 template <int TPR, int NCH, bool RR = false> struct FastShape {
     static constexpr int block = FastBlock<TPR>::value;
-    static constexpr int regs = RR ? LNORM_CUDA_RR_REGS : block <= 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
+    static constexpr int regs = RR ? (block >= 1024 ? 32 : LNORM_CUDA_RR_REGS)
+                                   : block <= 128 ? LNORM_CUDA_FAST_REGS : LNORM_CUDA_FAST_REGS_BIG;
     static constexpr int min_blocks = 65536 / (block * regs) > 0 ? 65536 / (block * regs) : 1;
 };
 
