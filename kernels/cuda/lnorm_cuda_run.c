@@ -221,15 +221,14 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
     const int cl = sh->cl;
     /* Not in the bulk kernels' row-in-shared-memory tiers (which take the
      * bulk form where rows allow). */
-    if (!LNORM__SMR(sh->tpr, cl) && cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
-        (lnorm__fast_aligned == 2 || lnorm__al_pays(s)))
-        return v | LNORM__FAST_AL;
-    /* The one-CTA SMR tier (1024 threads a row) takes k_fast's AL form
-     * where its re-read form (RR) is chosen for the segment, instead of
-     * the bulk kernel. */
-    if (LNORM__SMR(sh->tpr, cl) && cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s) &&
-        lnorm__rr_use((int)lnorm_dtype_size(s->x_dtype), s->op == LNORM_OP_RMSNORM, sh->tpr))
-        return v | LNORM__FAST_AL;
+    /* k_fast's AL form where it pays, and where its re-read form (RR) is
+     * chosen for the segment; the one-CTA SMR tier (1024 threads a row)
+     * takes it only for RR, instead of the bulk kernel. */
+    if (cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s)) {
+        const int rr = lnorm__rr_use((int)lnorm_dtype_size(s->x_dtype), s->op == LNORM_OP_RMSNORM, sh->tpr);
+        if (LNORM__SMR(sh->tpr, cl) ? rr : (lnorm__fast_aligned == 2 || lnorm__al_pays(s) || rr))
+            return v | LNORM__FAST_AL;
+    }
     if (lnorm__bulk_enabled && lnorm__bulk_ok(s) && lnorm__bulk_pays(s, tier))
         return v | LNORM__FAST_BULK;
     return cl == 1 ? v : LNORM__FAST_NONE;
