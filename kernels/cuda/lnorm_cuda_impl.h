@@ -80,20 +80,26 @@ extern long lnorm__rr_launches;
 #ifndef LNORM_CUDA_RR_MIN_TPR
 #define LNORM_CUDA_RR_MIN_TPR 128
 #endif
-/* LNORM_CUDA_RR_POLICY: where "fast_reread" 1 takes the RR form
- * (x_bytes: 2 or 4; rms: 0/1; tpr: threads a row of the tier). 0: nowhere. */
+/* LNORM_CUDA_RR_POLICY: where "fast_reread" 1 takes the RR form (x_bytes:
+ * 2 or 4; rms: 0/1; tpr: threads a row of the tier). 1 (default):
+ * RMSNorm in the 1024-thread one-CTA tier 10 (H200, 2026-12-01, two runs,
+ * same tensors, bit-identical: f32 H = 16384 +2.0% / +1.6%, bf16
+ * H = 32768 +1.0% / +1.3% over the bulk kernel, bench/results/
+ * kernels-2026-12-01-{2c0ff2c-rr,b63a275-rr}-ab.log); LayerNorm there was
+ * 5-25% slower (three passes over the row), and in tiers 7-9 (CTAs of
+ * 128-512 threads) RR was within -10..+1.6% of the register form, no
+ * consistent gain. 2: wherever it exists (as "fast_reread" 2). 0: nowhere. */
 #ifndef LNORM_CUDA_RR_POLICY
-#define LNORM_CUDA_RR_POLICY 0
+#define LNORM_CUDA_RR_POLICY 1
 #endif
 static inline int lnorm__rr_use(int x_bytes, int rms, int tpr)
 {
     (void)x_bytes;
-    (void)rms;
     if (tpr < LNORM_CUDA_RR_MIN_TPR || lnorm__fast_reread == 0)
         return 0;
-    if (lnorm__fast_reread == 2)
+    if (lnorm__fast_reread == 2 || LNORM_CUDA_RR_POLICY == 2)
         return 1;
-    return LNORM_CUDA_RR_POLICY != 0;
+    return LNORM_CUDA_RR_POLICY == 1 && rms && tpr >= 1024;
 }
 /* Launches that ran the bulk kernels, and bulk launches that fell back to
  * the kernels without bulk copies (lnorm_cuda_stat). */

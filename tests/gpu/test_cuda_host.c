@@ -255,6 +255,12 @@ static void variants(void)
      * others; without the bulk form: k_fast (one CTA) or the general
      * cluster kernel. */
     const int T10 = lnorm__shape(LNORM_DTYPE_BF16, 10)->cl == 1 ? PLAIN : NO;
+    /* RMSNorm in a one-CTA tier 10 whose aligned rows take k_fast's
+     * re-read form by default ("fast_reread" 1, LNORM_CUDA_RR_POLICY):
+     * the AL form where the AL form is allowed, else the bulk kernel
+     * (bulk off and AL allowed: AL). */
+    const int RR10 = T10 == PLAIN && lnorm__rr_use(2, 1, lnorm__shape(LNORM_DTYPE_BF16, 10)->tpr);
+    const int R_ON = RR10 ? AL : BU, R_OFF = RR10 ? AL : T10;
     struct {
         const char *name;
         lnorm_segment s;
@@ -269,7 +275,7 @@ static void variants(void)
         {"bf16 LN H=1024 x misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 2, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
         {"bf16 LN H=1004 (not whole units)", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1004, 0, 0, 0), {PLAIN, PLAIN, PLAIN, PLAIN, PLAIN}},
         {"bf16 LN H=65536 (cluster) aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 65536, 0, 0, 0), {BU, BU, BU, NO, BU}},
-        {"bf16 RMS H=20000 (tier 10) aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 20000, 0, 0, 0), {BU, BU, BU, T10, BU}},
+        {"bf16 RMS H=20000 (tier 10) aligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 20000, 0, 0, 0), {R_ON, BU, R_ON, R_OFF, BU}},
         {"f32 LN H=16384 (tier 10) aligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 2, 16384, 0, 0, 0), {BU, BU, BU, T10, BU}},
         {"bf16 LN H=20000 (tier 10) x misaligned", seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 2, 20000, 2, 0, 0), {T10, T10, T10, T10, T10}},
         {"bf16 RMS H=65536 (cluster) x misaligned", seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 2, 65536, 2, 0, 0), {NO, NO, NO, NO, NO}},
@@ -327,6 +333,14 @@ static void variants(void)
         tune(1, 1);
         CHECK((variant_of(&t10) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_BULK,
               "fast_reread 0: tier 10 must take the bulk kernel");
+        /* The default policy: RMSNorm there takes RR, LayerNorm the bulk kernel. */
+        CHECK(lnorm_cuda_set_tuning("fast_reread", 1) == LNORM_OK, "fast_reread 1");
+        CHECK((variant_of(&t10f) & (LNORM__FAST_AL | LNORM__FAST_BULK)) ==
+                  (lnorm__rr_use(4, 0, 1024) ? LNORM__FAST_AL : LNORM__FAST_BULK),
+              "fast_reread 1: f32 LN H=16384 as the policy says");
+        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(4, 0, 1024), "policy 1: not for LayerNorm");
+        CHECK(LNORM_CUDA_RR_POLICY != 1 || lnorm__rr_use(4, 1, 1024), "policy 1: RMSNorm in tier 10");
+        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(4, 1, 512), "policy 1: not in tiers 7-9");
         CHECK(lnorm_cuda_set_tuning("fast_reread", 3) == LNORM_EINVAL, "fast_reread 3 must be refused");
     }
     /* "defaults" puts every knob back (bench/kernels.py resets with it after each variant). */
