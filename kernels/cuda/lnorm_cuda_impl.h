@@ -86,8 +86,8 @@ extern long lnorm__rr_launches;
  * same tensors, bit-identical: f32 H = 16384 +2.0% / +1.6%, bf16
  * H = 32768 +1.0% / +1.3% over the bulk kernel, bench/results/
  * kernels-2026-12-01-{2c0ff2c-rr,b63a275-rr}-ab.log); LayerNorm there was
- * 5-25% slower (three passes over the row), and in tiers 7-9 (CTAs of
- * 128-512 threads) RR was within -10..+1.6% of the register form, no
+ * 6-25% slower (three passes over the row), and in tiers 7-9 (CTAs of
+ * 128-512 threads) RR was within -14..+1.6% of the register form, no
  * consistent gain. 2: wherever it exists (as "fast_reread" 2). 0: nowhere. */
 #ifndef LNORM_CUDA_RR_POLICY
 #define LNORM_CUDA_RR_POLICY 1
