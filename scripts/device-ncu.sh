@@ -2,7 +2,8 @@
 # Nsight Compute on a few of lnormd's kernels (bulk off and forced), for finding what holds them
 # under the copy ceiling: speed of light, memory workload, occupancy, warp stalls. Device, repo
 # root, bundle from scripts/device-pack.sh: OUT=dir scripts/device-ncu.sh [bundle] [op:dtype:H ...]
-# NCU_PEERS=1: a few metrics of lnormd's kernel beside torch.compile's (ncu-peers.csv).
+# NCU_PEERS=1: a few metrics of lnormd's kernel beside torch.compile's (ncu-peers.csv);
+# LNORM_TUNE="knob=value,..." adds a launch of lnormd with those knobs (bench/gpu/ncu_peers.py).
 set -u
 PACK=${1:-.devpack/lnorm-sm90.tar.xz}
 shift || true
@@ -14,7 +15,7 @@ if [ "${NCU_PEERS:-0}" = 1 ]; then
   # lnormd's kernel and torch.compile's on the same tensors, side by side
   # (bench/gpu/ncu_peers.py starts and stops the profiler around one launch of each).
   timeout 400 ncu --target-processes all --profile-from-start off --clock-control none --csv --page raw \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__block_size,launch__grid_size,launch__occupancy_limit_registers,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__block_size,launch__grid_size,launch__occupancy_limit_registers,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,lts__t_bytes.sum,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct \
     python3 bench/gpu/ncu_peers.py "$W/b/kernels/cuda/liblnorm_cuda_bench.so" "$@" >"$OUT/ncu-peers.csv" 2>"$OUT/ncu-peers.err"
   rc=$?
   tail -n 5 "$OUT/ncu-peers.err"

@@ -6,8 +6,12 @@ the two can be read side by side. (A device-to-device copy is a cudaMemcpy, not 
 does not profile it; bench/kernels.py times it.)
 
 Cases: op:dtype:H at N x H = 2^27 (as bench/kernels.py), default bulk settings.
-Usage: python3 bench/gpu/ncu_peers.py LIB [op:dtype:H ...]
+LNORM_TUNE="name=value,..." (lnorm_cuda_set_tuning knobs, e.g. fast_reread=2,fast_aligned=2):
+lnormd is launched a second time with those knobs, between its default launch and
+torch.compile's (then "defaults" 0 puts them back).
+Usage: [LNORM_TUNE=...] python3 bench/gpu/ncu_peers.py LIB [op:dtype:H ...]
 """
+import os
 import sys
 
 import torch
@@ -25,7 +29,8 @@ def _rms(x, w):
 
 
 def main():
-    _, f = load_norm(sys.argv[1])
+    lib, f = load_norm(sys.argv[1])
+    tune = [(kv.split("=")[0], int(kv.split("=")[1])) for kv in os.environ.get("LNORM_TUNE", "").split(",") if kv]
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 1024)
@@ -41,14 +46,22 @@ def main():
                    w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0, stream)
             assert rc == 0, rc
 
+        def lnormd_tuned():
+            for k, v in tune:
+                if lib.lnorm_cuda_set_tuning(k.encode(), v) != 0:
+                    raise SystemExit(f"lnorm_cuda_set_tuning({k}, {v}) refused")
+            lnormd()
+            lib.lnorm_cuda_set_tuning(b"defaults", 0)
+
         def compiled():
             return comp_ln(x, w, b) if op == "ln" else comp_rms(x, w)
-        for fn in (lnormd, compiled):  # warm-ups (compilation, autotuning)
+        fns = (lnormd, lnormd_tuned, compiled) if tune else (lnormd, compiled)
+        for fn in fns:  # warm-ups (compilation, autotuning)
             fn()
             fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        for fn in (lnormd, compiled):
+        for fn in fns:
             fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
