@@ -43,7 +43,7 @@ def main():
 
         def lnormd():
             rc = f(OPS[op], code, 0, 0, N, H, 0, 0, x.data_ptr(), y.data_ptr(), None, None,
-                   w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0, stream)
+                   w.data_ptr(), b.data_ptr() if b is not None else None, None, None, 1e-5, 0, stream, lib.ws)
             assert rc == 0, rc
 
         def lnormd_tuned():
