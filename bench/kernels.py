@@ -305,7 +305,8 @@ def main():
                 pts = [(r["H"], r[k]) for r in sel if r.get(k)]
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=k)
-            ax.axhline(copy_gbs[dt], color="k", ls="--", label="copy")
+            if dt in copy_gbs:  # (a dtype the run did not time has no copy figure)
+                ax.axhline(copy_gbs[dt], color="k", ls="--", label="copy")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{op} {dt} ({dev}, {date})")
             ax.set_xlabel("H")
