@@ -80,8 +80,8 @@ extern long lnorm__rr_launches;
 #ifndef LNORM_CUDA_RR_MIN_TPR
 #define LNORM_CUDA_RR_MIN_TPR 128
 #endif
-/* LNORM_CUDA_RR_POLICY: where "fast_reread" 1 takes the RR form (x_bytes:
- * 2 or 4; rms: 0/1; tpr: threads a row of the tier). 1 (default):
+/* LNORM_CUDA_RR_POLICY: where "fast_reread" 1 takes the RR form (rms:
+ * 0/1; tpr: threads a row of the tier; the same for every x dtype). 1 (default):
  * RMSNorm in the 1024-thread one-CTA tier 10 (H200, 2026-12-01, two runs,
  * same tensors, bit-identical: f32 H = 16384 +2.0% / +1.6%, bf16
  * H = 32768 +1.0% / +1.3% over the bulk kernel, bench/results/
@@ -92,9 +92,8 @@ extern long lnorm__rr_launches;
 #ifndef LNORM_CUDA_RR_POLICY
 #define LNORM_CUDA_RR_POLICY 1
 #endif
-static inline int lnorm__rr_use(int x_bytes, int rms, int tpr)
+static inline int lnorm__rr_use(int rms, int tpr)
 {
-    (void)x_bytes;
     if (tpr < LNORM_CUDA_RR_MIN_TPR || lnorm__fast_reread == 0)
         return 0;
     if (lnorm__fast_reread == 2 || LNORM_CUDA_RR_POLICY == 2)

@@ -1253,6 +1253,8 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
         if constexpr (RRB) {
             unpack<TX, BB>(rb[RRB ? j : 0], f);
         } else if constexpr (RR) {
+            /* (The same load as rr_fill's, here where the chunk is used:
+             * written out, as a shared helper changed ptxas's schedule.) */
             uint4 u = make_uint4(0u, 0u, 0u, 0u);
             if ((j * TPR + t) * VEC < H)
                 u = last ? load_rr16<true>(srow + (j * TPR + t) * 16) : load_rr16<false>(srow + (j * TPR + t) * 16);
@@ -2172,16 +2174,18 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
     /* The re-read form (RR) of the AL form, where compiled and chosen
      * (lnorm__rr_use: "fast_reread"). */
     constexpr bool RRC = TPR >= LNORM_CUDA_RR_MIN_TPR;
-    const bool rr = RRC && al && lnorm__rr_use((int)sizeof(TX), RMS ? 1 : 0, TPR);
+    const bool rr = RRC && al && lnorm__rr_use(RMS ? 1 : 0, TPR);
     const int form = (p->table ? 0 : 1) + (al ? 2 : 0) + (rr ? 2 : 0);
     static void (*const kerns[4])(const lnorm__kparams) = {
         k_fast<TX, TP, RMS, TPR, NCH, true>, k_fast<TX, TP, RMS, TPR, NCH, false>,
         k_fast<TX, TP, RMS, TPR, NCH, true, true>, k_fast<TX, TP, RMS, TPR, NCH, false, true>};
-    void (*kern)(const lnorm__kparams) = kerns[form & 3];
+    void (*kern)(const lnorm__kparams) = nullptr;
     if constexpr (RRC) {
         if (rr)
             kern = p->table ? k_fast<TX, TP, RMS, TPR, NCH, true, true, true> : k_fast<TX, TP, RMS, TPR, NCH, false, true, true>;
     }
+    if (!rr)
+        kern = kerns[form];
     int occ = 0;
     e = cached_occupancy(kern, BLOCK, dev, cache[form], &occ);
     if (e != cudaSuccess)

@@ -219,13 +219,12 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return v | LNORM__FAST_BULK;
     const lnorm__tier_shape *sh = lnorm__shape(s->x_dtype, tier);
     const int cl = sh->cl;
-    /* Not in the bulk kernels' row-in-shared-memory tiers (which take the
-     * bulk form where rows allow). */
     /* k_fast's AL form where it pays, and where its re-read form (RR) is
      * chosen for the segment; the one-CTA SMR tier (1024 threads a row)
-     * takes it only for RR, instead of the bulk kernel. */
+     * takes it only for RR, instead of the bulk kernel (otherwise the SMR
+     * tiers take the bulk form where rows allow). */
     if (cl == 1 && lnorm__fast_aligned && lnorm__al_ok(s)) {
-        const int rr = lnorm__rr_use((int)lnorm_dtype_size(s->x_dtype), s->op == LNORM_OP_RMSNORM, sh->tpr);
+        const int rr = lnorm__rr_use(s->op == LNORM_OP_RMSNORM, sh->tpr);
         if (LNORM__SMR(sh->tpr, cl) ? rr : (lnorm__fast_aligned == 2 || lnorm__al_pays(s) || rr))
             return v | LNORM__FAST_AL;
     }

@@ -259,7 +259,7 @@ static void variants(void)
      * re-read form by default ("fast_reread" 1, LNORM_CUDA_RR_POLICY):
      * the AL form where the AL form is allowed, else the bulk kernel
      * (bulk off and AL allowed: AL). */
-    const int RR10 = T10 == PLAIN && lnorm__rr_use(2, 1, lnorm__shape(LNORM_DTYPE_BF16, 10)->tpr);
+    const int RR10 = T10 == PLAIN && lnorm__rr_use(1, lnorm__shape(LNORM_DTYPE_BF16, 10)->tpr);
     const int R_ON = RR10 ? AL : BU, R_OFF = RR10 ? AL : T10;
     struct {
         const char *name;
@@ -336,11 +336,11 @@ static void variants(void)
         /* The default policy: RMSNorm there takes RR, LayerNorm the bulk kernel. */
         CHECK(lnorm_cuda_set_tuning("fast_reread", 1) == LNORM_OK, "fast_reread 1");
         CHECK((variant_of(&t10f) & (LNORM__FAST_AL | LNORM__FAST_BULK)) ==
-                  (lnorm__rr_use(4, 0, 1024) ? LNORM__FAST_AL : LNORM__FAST_BULK),
+                  (lnorm__rr_use(0, 1024) ? LNORM__FAST_AL : LNORM__FAST_BULK),
               "fast_reread 1: f32 LN H=16384 as the policy says");
-        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(4, 0, 1024), "policy 1: not for LayerNorm");
-        CHECK(LNORM_CUDA_RR_POLICY != 1 || lnorm__rr_use(4, 1, 1024), "policy 1: RMSNorm in tier 10");
-        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(4, 1, 512), "policy 1: not in tiers 7-9");
+        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(0, 1024), "policy 1: not for LayerNorm");
+        CHECK(LNORM_CUDA_RR_POLICY != 1 || lnorm__rr_use(1, 1024), "policy 1: RMSNorm in tier 10");
+        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(1, 512), "policy 1: not in tiers 7-9");
         CHECK(lnorm_cuda_set_tuning("fast_reread", 3) == LNORM_EINVAL, "fast_reread 3 must be refused");
     }
     /* "defaults" puts every knob back (bench/kernels.py resets with it after each variant). */

@@ -204,20 +204,15 @@ static int gpu_run(lnorm_test_case *tc, int misalign, const char **why)
 /* The CTAs a row of tier description tdesc ("reg<TPR>x<NCH>cl<CL>"; 0 for
  * the streaming tier), and in *dyn whether its bulk kernel for op takes
  * dynamic tiles given a workspace (LNORM__DYN). */
-static int tier_ctas(const char *tdesc, int op, int *dyn)
+static int tier_ctas(const char *tdesc, int op, int *dyn, int *tpr_out)
 {
     int tpr = 0, nch = 0, cl = 0;
     if (sscanf(tdesc, "reg%dx%dcl%d", &tpr, &nch, &cl) != 3)
-        cl = 0;
+        cl = tpr = 0;
     *dyn = cl > 0 && LNORM__DYN(op == LNORM_OP_RMSNORM, tpr, cl);
+    if (tpr_out)
+        *tpr_out = tpr; /* threads a row (0 for the streaming tier) */
     return cl;
-}
-
-/* Threads a row of a register tier (0 for the streaming tier). */
-static int tier_tpr(const char *tdesc)
-{
-    int tpr = 0, nch = 0, cl = 0;
-    return sscanf(tdesc, "reg%dx%dcl%d", &tpr, &nch, &cl) == 3 ? tpr : 0;
 }
 
 static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_align)
@@ -719,8 +714,8 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     char label[200];
                     const char *tdesc = "?";
                     lnorm_cuda_tier(c.x_dtype, c.hidden, &tdesc);
-                    int tdyn = 0;
-                    const int tcl = tier_ctas(tdesc, op, &tdyn);
+                    int tdyn = 0, ttpr = 0;
+                    const int tcl = tier_ctas(tdesc, op, &tdyn, &ttpr);
                     snprintf(label, sizeof label, "bulk op=%s x=%s p=%s H=%lld rows=%lld pad=%lld tier=%s",
                              op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(c.x_dtype),
                              lnorm_dtype_name(c.param_dtype), (long long)c.hidden, (long long)c.rows,
@@ -743,7 +738,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                             (tcl > 1 && (runs[ri].grid || runs[ri].aligned == 2)))
                             continue;
                         /* Tiers with the re-read form: one CTA a row, enough threads. */
-                        const int trr = tcl == 1 && tier_tpr(tdesc) >= LNORM_CUDA_RR_MIN_TPR;
+                        const int trr = tcl == 1 && ttpr >= LNORM_CUDA_RR_MIN_TPR;
                         if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
                             lnorm_cuda_set_tuning("bulk_ctas", runs[ri].ctas) ||
                             lnorm_cuda_set_tuning("fast_grid", runs[ri].grid) ||
@@ -788,8 +783,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                          * k_fast instead, unless bulk is forced.) */
                         const int rr_sel = runs[ri].reread == 2 ||
                                            (runs[ri].reread == 1 &&
-                                            lnorm__rr_use((int)lnorm_dtype_size(c.x_dtype), op == LNORM_OP_RMSNORM,
-                                                          tier_tpr(tdesc)));
+                                            lnorm__rr_use(op == LNORM_OP_RMSNORM, ttpr));
                         const long want_dyn = runs[ri].dyn && runs[ri].bulk &&
                                               !(runs[ri].bulk != 2 && trr && runs[ri].aligned && rr_sel);
                         if (dyn != want_dyn) {
@@ -863,7 +857,7 @@ static void dyn_wrap(lnorm_rng *g)
         snprintf(label, sizeof label, "dynamic tiles: rms x=%s H=%lld rows=%lld tier=%s", lnorm_dtype_name(c.x_dtype),
                  (long long)c.hidden, (long long)c.rows, tdesc);
         int tdyn = 0;
-        if (tier_ctas(tdesc, c.op, &tdyn) != cs[i].cl || !tdyn) {
+        if (tier_ctas(tdesc, c.op, &tdyn, NULL) != cs[i].cl || !tdyn) {
             fprintf(stderr, "FAIL %s: not a cluster of %d with dynamic tiles\n", label, cs[i].cl);
             fails++;
             continue;
