@@ -248,45 +248,9 @@ template <int CL, int NW> struct ClusterRed {
     float slot[LNORM__CRB][CL][NW]; /* 4-byte slots (16-byte ones: f32 H = 262144 6% slower, session 6) */
 };
 
-/* LNORM_CUDA_CLU_CW: LayerNorm in a cluster takes one cluster reduction a
- * row instead of two. Each warp centres its own part of the row: the
- * first pass's sum goes through the warp's shuffle tree only (S_w, the
- * same partial the sum's cluster reduction starts from), the second pass
- * sums the squares about the warp's mean m_w = S_w / n_w (n_w: the row
- * elements in the warp's chunks), and one cluster reduction carries both
- * (S_w, Q_w) (group_stats). The sum S and so the mean d = S / H come out
- * of the same trees in the same order as before (same bits); the squares
- * are merged about d by the parallel-axis identity
- * Q = sum over warps of Q_w + n_w (m_w - d)^2 (exact in exact arithmetic,
- * every term centred), in a fixed order: every kernel of a cluster tier
- * (k_bulk, k_reg) gives a row the same bits, other bits than the
- * two-pass form for the variance. Measured: see docs/gpu.md (session 14).
- * bench/gpu/xchg.cu on the H200: a cluster reduction of 1024-thread CTAs
- * takes 500-640 ns (a CTA reduction 226 ns), which a LayerNorm row in a
- * cluster pays twice without it. */
-#ifndef LNORM_CUDA_CLU_CW
-#define LNORM_CUDA_CLU_CW 1
-#endif
-/* The cluster reduction state with pair slots (S, Q) for CW, and the
- * CTA level's buffer of the warps' Q (two-level clusters). */
-template <int CL, int NW> struct ClusterRed2 {
-    uint64_t bar[LNORM__CRB];
-    float2 slot[LNORM__CRB][CL][NW];
-    float rq[2][NW];
-};
-/* The state a kernel declares: pair slots where CW runs LayerNorm rows. */
-template <int CL, int NW, bool CW>
-using CluRed = typename std::conditional<CW, ClusterRed2<CL, NW>, ClusterRed<CL, NW>>::type;
-
-/* The float a reduction slot carries (S for pair slots). */
-__device__ __forceinline__ float slot_x(const float &v) { return v; }
-__device__ __forceinline__ float slot_x(const float2 &v) { return v.x; }
-__device__ __forceinline__ float *slot_xp(float &v) { return &v; }
-__device__ __forceinline__ float *slot_xp(float2 &v) { return &v.x; }
-
 /* Thread 0 initializes the cluster reduction state; the caller then syncs
  * the cluster (no CTA may store into a peer's barrier before its init). */
-template <typename CR> __device__ __forceinline__ void cluster_red_init(CR *cr)
+template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(ClusterRed<CL, NW> *cr)
 {
     if (threadIdx.x == 0) {
         for (int i = 0; i < LNORM__CRB; i++)
@@ -340,12 +304,9 @@ template <typename CR> __device__ __forceinline__ void cluster_red_init(CR *cr)
  * only for its own CTA's barrier (no CTA or cluster barrier); lane l sums
  * slots l, l + 32, ... (ClusterRed), then a shuffle tree sums the lanes:
  * every warp of the cluster does the same operations in the same order. */
-template <int TPR, int BLOCK, int CL, bool CW2 = false>
+template <int TPR, int BLOCK, int CL>
 __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], void *crv, int rank, int par)
 {
-    /* CW2: the state has pair slots (CluRed); a sum uses their first
-     * float, with the same operations in the same order. */
-    using CRT = CluRed<CL, BLOCK / 32, CW2>;
 #pragma unroll
     for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
         x += __shfl_xor_sync(0xffffffffu, x, m);
@@ -353,7 +314,7 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
         constexpr int NW = BLOCK / 32;
         static_assert(NW <= 32 && CL <= 32, "one slot a lane");
-        CRT *cr = static_cast<CRT *>(crv);
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
         const int b = par % LNORM__CRB;
         const int lane = (int)(threadIdx.x & 31);
         const int w = (int)(threadIdx.x / 32);
@@ -362,7 +323,7 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         if (threadIdx.x == 0)
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * sizeof(float)));
         __syncthreads();
-        auto *tot = &cr->slot[b][0][0]; /* tot[k]: CTA k's total */
+        float *tot = &cr->slot[b][0][0]; /* tot[k]: CTA k's total */
         if (w < CL) { /* warp w sends the CTA's total to CTAs w, w + NW, ... */
             float c = lane < NW ? red[par & 1][lane] : 0.0f;
 #pragma unroll
@@ -370,10 +331,10 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
                 c += __shfl_xor_sync(0xffffffffu, c, m);
             if (lane == 0)
                 for (int k = w; k < CL; k += NW)
-                    st_async_peer(slot_xp(tot[rank]), c, &cr->bar[b], (uint32_t)k);
+                    st_async_peer(tot + rank, c, &cr->bar[b], (uint32_t)k);
         }
         mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-        float v = lane < CL ? slot_x(tot[lane]) : 0.0f;
+        float v = lane < CL ? tot[lane] : 0.0f;
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -381,19 +342,19 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
     } else if constexpr (CL > 1) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
         constexpr int NW = BLOCK / 32;
-        CRT *cr = static_cast<CRT *>(crv);
+        ClusterRed<CL, NW> *cr = static_cast<ClusterRed<CL, NW> *>(crv);
         const int b = par % LNORM__CRB;
         const int lane = (int)(threadIdx.x & 31);
         if (threadIdx.x == 0)
             mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float)));
         if (lane < CL)
-            st_async_peer(slot_xp(cr->slot[b][rank][threadIdx.x / 32]), x, &cr->bar[b], (uint32_t)lane);
+            st_async_peer(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
         mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
         float v = 0.0f;
 #pragma unroll
         for (int i = 0; i < (CL * NW + 31) / 32; i++)
             if (i * 32 + lane < CL * NW)
-                v += slot_x((&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane]);
+                v += (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane];
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -419,146 +380,6 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
         }
     }
     return x;
-}
-
-/* Store the pair v into CTA `peer`'s copy of *dst and count 8 bytes on its
- * copy of mbarrier *bar (st_async_peer for CW's pair slots). */
-__device__ __forceinline__ void st_async_peer2(float2 *dst, float2 v, uint64_t *bar, uint32_t peer)
-{
-    uint32_t rd, rb;
-    peer_map(dst, bar, peer, rd, rb);
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(rd),
-                 "f"(v.x), "f"(v.y), "r"(rb)
-                 : "memory");
-}
-
-/* CW: the number of row elements (of H) in the chunks of warp w of CTA
- * `rank` (column mapping of the file header: chunk j of thread t starts at
- * ((rank * NCH + j) * TPR + t) * VEC; a warp's chunks j are contiguous). */
-template <int TPR, int NCH, int VEC> __device__ __forceinline__ float warp_count(int H, int rank, int w)
-{
-    int n = 0;
-#pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        const int c = H - ((rank * NCH + j) * TPR + 32 * w) * VEC;
-        n += c <= 0 ? 0 : c < 32 * VEC ? c : 32 * VEC;
-    }
-    return (float)n;
-}
-
-/* CW: the sum of the thread values x over the warp (every lane gets it),
- * and the warp's mean of the row's elements it holds (0 for none). */
-template <int TPR, int NCH, int VEC>
-__device__ __forceinline__ float warp_mean(float &x, int H, int rank)
-{
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, m);
-    const float n = warp_count<TPR, NCH, VEC>(H, rank, (int)(threadIdx.x / 32));
-    return n > 0.0f ? x / n : 0.0f;
-}
-
-/* n (m - d)^2 + q: a warp's (or CTA's) squares about d from those about its
- * own mean m (explicit roundings: the same bits in every kernel). */
-__device__ __forceinline__ float axis_term(float q, float s, float n, float d)
-{
-    const float m = n > 0.0f ? s / n : 0.0f;
-    const float e = __fadd_rn(m, -d);
-    return __fmaf_rn(__fmul_rn(n, e), e, q);
-}
-
-/* CW (LNORM_CUDA_CLU_CW): the row's sum and centred sum of squares over a
- * cluster in one reduction. sw: this warp's sum (warp_mean's x, the same
- * value in every lane); q: this thread's sum of squares about the warp's
- * mean. Returns the squares about the row's mean, d: the row's mean
- * (sum / H, with the sum's bits of group_sum: same trees, same order).
- * One reduction of the cluster reduction state (pair slots, CluRed). */
-template <int TPR, int BLOCK, int CL, int NCH, int VEC>
-__device__ __forceinline__ float group_stats(float sw, float q, int H, float &d, float (*red)[BLOCK / 32],
-                                             void *crv, int rank, int par)
-{
-    static_assert(CL > 1 && TPR == BLOCK, "a cluster tier holds one row per CTA");
-    constexpr int NW = BLOCK / 32;
-    ClusterRed2<CL, NW> *cr = static_cast<ClusterRed2<CL, NW> *>(crv);
-    const int b = par % LNORM__CRB;
-    const int lane = (int)(threadIdx.x & 31);
-    const int w = (int)(threadIdx.x / 32);
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        q += __shfl_xor_sync(0xffffffffu, q, m);
-    constexpr int SLICE = NCH * TPR * VEC; /* a CTA's elements */
-    if constexpr (CL >= LNORM_CUDA_CLU_HIER) {
-        static_assert(NW <= 32 && CL <= 32, "one slot a lane");
-        if (lane == 0) {
-            red[par & 1][w] = sw;
-            cr->rq[par & 1][w] = q;
-        }
-        if (threadIdx.x == 0)
-            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * sizeof(float2)));
-        __syncthreads();
-        float2 *tot = &cr->slot[b][0][0]; /* tot[k]: CTA k's (S, Q) */
-        if (w < CL) { /* warp w sends the CTA's pair to CTAs w, w + NW, ... */
-            const float s1 = lane < NW ? red[par & 1][lane] : 0.0f;
-            float c = s1;
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1)
-                c += __shfl_xor_sync(0xffffffffu, c, m);
-            const int nc = H - rank * SLICE;
-            const float ncf = (float)(nc <= 0 ? 0 : nc < SLICE ? nc : SLICE);
-            const float mc = ncf > 0.0f ? c / ncf : 0.0f;
-            float cq = lane < NW ? axis_term(cr->rq[par & 1][lane], s1, warp_count<TPR, NCH, VEC>(H, rank, lane), mc)
-                                 : 0.0f;
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1)
-                cq += __shfl_xor_sync(0xffffffffu, cq, m);
-            if (lane == 0)
-                for (int k = w; k < CL; k += NW)
-                    st_async_peer2(tot + rank, make_float2(c, cq), &cr->bar[b], (uint32_t)k);
-        }
-        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-        const float2 pv = lane < CL ? tot[lane] : make_float2(0.0f, 0.0f);
-        float v = pv.x;
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, m);
-        d = H > 0 ? v / (float)H : 0.0f;
-        const int nk = H - lane * SLICE;
-        float t = lane < CL ? axis_term(pv.y, pv.x, (float)(nk <= 0 ? 0 : nk < SLICE ? nk : SLICE), d) : 0.0f;
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            t += __shfl_xor_sync(0xffffffffu, t, m);
-        return t;
-    } else {
-        if (threadIdx.x == 0)
-            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float2)));
-        if (lane < CL)
-            st_async_peer2(&cr->slot[b][rank][w], make_float2(sw, q), &cr->bar[b], (uint32_t)lane);
-        mbar_wait(&cr->bar[b], (uint32_t)((par / LNORM__CRB) & 1));
-        constexpr int NI = (CL * NW + 31) / 32;
-        const float2 *ps = &cr->slot[b][0][0];
-        float v = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NI; i++)
-            if (i * 32 + lane < CL * NW)
-                v += ps[i * 32 + lane].x;
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, m);
-        d = H > 0 ? v / (float)H : 0.0f;
-        float t = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            const int sl = i * 32 + lane; /* slot of warp sl % NW of CTA sl / NW (read again: registers) */
-            if (sl < CL * NW) {
-                const float2 pv = ps[sl];
-                t += axis_term(pv.y, pv.x, warp_count<TPR, NCH, VEC>(H, sl / NW, sl % NW), d);
-            }
-        }
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            t += __shfl_xor_sync(0xffffffffu, t, m);
-        return t;
-    }
 }
 
 /* The 16 bytes of one x chunk, as raw bits or as VEC elements. */
@@ -885,12 +706,8 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
-    /* CW (group_stats): LayerNorm rows in a cluster take one cluster
-     * reduction; the state has pair slots, RMSNorm rows use their first
-     * float (same operations and bits as without CW). */
-    constexpr bool CW = CL > 1 && LNORM_CUDA_CLU_CW;
     __shared__ float red[2][BLOCK / 32];
-    __shared__ CluRed<CL, BLOCK / 32, CW> cr;
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
     void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
     int rank = 0;
@@ -919,7 +736,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         const int H = cur.H;
         const float K = cur.K;
         const bool rms = s->op == LNORM_OP_RMSNORM;
-        float d = 0.0f, sw = 0.0f;
+        float d = 0.0f;
         /* With one row per CTA the op is uniform and RMSNorm skips the sum;
          * with several rows per CTA every group reduces (shuffles are
          * warp-wide), and RMSNorm ignores the result. Masked columns
@@ -941,15 +758,10 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
                         sum += (c0 + k < H) ? f[k] - K : 0.0f;
                 }
             }
-            if constexpr (CW) { /* the row's mean comes with the squares */
-                sw = sum;
-                d = warp_mean<TPR, NCH, VEC>(sw, H, rank);
-            } else {
-                sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
-                par++;
-                if (!rms)
-                    d = sum / (float)H;
-            }
+            sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+            par++;
+            if (!rms)
+                d = sum / (float)H;
         }
         float sq = 0.0f;
 #pragma unroll
@@ -971,14 +783,7 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
                 }
             }
         }
-        if constexpr (CW) {
-            if (!rms)
-                sq = group_stats<TPR, BLOCK, CL, NCH, VEC>(sw, sq, H, d, red, cred, rank, par);
-            else
-                sq = group_sum<TPR, BLOCK, CL, true>(sq, red, cred, rank, par);
-        } else {
-            sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
-        }
+        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
         par++;
         const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
         if (cur.active && t == 0 && rank == 0) {
@@ -1468,11 +1273,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             unpack<TX, BB>(raw[j], f);
         }
     };
-    /* CW (LNORM_CUDA_CLU_CW, group_stats): LayerNorm in a cluster, one
-     * cluster reduction a row; the second pass is centred on the warp's
-     * mean (d holds it until group_stats gives the row's). */
-    constexpr bool CW = !RMS && CL > 1 && LNORM_CUDA_CLU_CW;
-    float d = 0.0f, sw = 0.0f;
+    float d = 0.0f;
     if constexpr (!RMS) {
         float sum = 0.0f;
         rr_fill(false);
@@ -1502,14 +1303,9 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                     sum += (c0 + k < H) ? f[k] : 0.0f;
             }
         }
-        if constexpr (CW) {
-            sw = sum;
-            d = warp_mean<TPR, NCH, VEC>(sw, H, rank);
-        } else {
-            sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
-            par++;
-            d = H > 0 ? sum / (float)H : 0.0f;
-        }
+        sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+        par++;
+        d = H > 0 ? sum / (float)H : 0.0f;
     }
     float sq = 0.0f;
     rr_fill(false);
@@ -1534,10 +1330,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             }
         }
     }
-    if constexpr (CW)
-        sq = group_stats<TPR, BLOCK, CL, NCH, VEC>(sw, sq, H, d, red, cred, rank, par);
-    else
-        sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+    sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
     if (!active)
         return; /* nothing below synchronizes */
@@ -1955,7 +1748,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
     __shared__ float red[2][BLOCK / 32];
-    __shared__ CluRed<CL, BLOCK / 32, (!RMS && CL > 1 && LNORM_CUDA_CLU_CW)> cr; /* pair slots for CW */
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
     __shared__ DynTiles dt;
     void *cred = &cr;
     const int t = (int)(threadIdx.x % TPR);
@@ -2301,8 +2094,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
      * CTA's static shared memory and the 1 KiB the SM reserves per CTA,
      * for at most LNORM_CUDA_SMR_STAGES stages each (SMR holds a stage
      * through the whole row); "bulk_smem_kb" does not apply to them. */
-    constexpr int64_t static_cta = (int64_t)sizeof(CluRed<CL, BLOCK / 32, (!RMS && CL > 1 && LNORM_CUDA_CLU_CW)>) +
-                                   (int64_t)sizeof(DynTiles) +
+    constexpr int64_t static_cta = (int64_t)sizeof(ClusterRed<CL, BLOCK / 32>) + (int64_t)sizeof(DynTiles) +
                                    8 * LNORM__BULK_MAXST +
                                    2 * 4 * (BLOCK / 32) + 1024;
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
