@@ -161,6 +161,10 @@ template <int CL, int VAR, int P> __global__ void __launch_bounds__(1024, 1) k_c
 #pragma unroll
                 for (int m = G / 2; m > 0; m >>= 1)
                     c += __shfl_xor_sync(0xffffffffu, c, m);
+                /* Lanes 0 .. G - 1 hold the sum; lanes up to CL send it.
+                 * (Without this broadcast, cf6578e sent 0 from lanes
+                 * G .. CL - 1: its grp rows with CL > G report WRONG SUMS.) */
+                c = __shfl_sync(0xffffffffu, c, 0);
                 if (lane < CL)
                     st_async_peer(&slot[b][rank][w / G], c, &bar[b][0], (uint32_t)lane);
             }
