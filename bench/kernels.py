@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--alt", action="append", default=[],
                     help="NAME=PATH: another build of the library (tuning variant), timed as lnormd_NAME")
     ap.add_argument("--variant", action="append", default=None,
-                    help="NAME=KEY:VAL[,KEY:VAL]: run-time tuning of the same library "
+                    help="NAME=KEY:VAL[,KEY:VAL][@ALT]: run-time tuning of the same library (@ALT: of --alt build ALT) "
                          "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
                          "none: no variants; default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow), noal=fast_aligned:0, "
                          "alall=fast_aligned:2 (k_fast's straight-line form off / wherever rows allow), "
@@ -120,17 +120,18 @@ def main():
             if spec == "none":  # --variant none: no run-time variants
                 continue
             name, kvs = spec.split("=", 1)
-            variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")]))
-    def reset():
+            kvs, _, on = kvs.partition("@")  # NAME=KEY:VAL,...@ALT: the tuning of --alt build ALT
+            variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")], on))
+    def reset(lb=lib):
         # Every knob back to the library's initial value ("defaults"; a
         # library older than 2026-11-30 session 7 lacks it: its knobs then).
-        if lib.lnorm_cuda_set_tuning(b"defaults", 0) != 0:
+        if lb.lnorm_cuda_set_tuning(b"defaults", 0) != 0:
             tune([("bulk", 1), ("bulk_stages", 0), ("bulk_ctas", 0), ("bulk_smem_kb", 64), ("fast_grid", 0),
-                  ("fast_aligned", 1)])
+                  ("fast_aligned", 1)], lb)
 
-    def tune(kvs):
+    def tune(kvs, lb=lib):
         for k, v in kvs:
-            if lib.lnorm_cuda_set_tuning(k.encode(), v) != 0:
+            if lb.lnorm_cuda_set_tuning(k.encode(), v) != 0:
                 raise SystemExit(f"lnorm_cuda_set_tuning({k}, {v}) refused")
     dev = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -252,10 +253,11 @@ def main():
                         del y2
                         fn = lnormd_fn(lb, op, x, w, b, None)
                     return same, gbs(triton.testing.do_bench(fn, return_mode="median"))
-                for name, kvs in variants:
-                    tune(kvs)
-                    res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(lib)
-                    reset()
+                for name, kvs, on in variants:
+                    vlib = dict(alts)[on] if on else lib
+                    tune(kvs, vlib)
+                    res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(vlib)
+                    reset(vlib)
                 for name, alib in alts:
                     res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(alib)
                 cp = copy_gbs[res["dtype"]]
@@ -280,7 +282,7 @@ def main():
                       + (f" fixy {res['lnormd_fixed_y']:.0f}" if call_y else "")
                       + (f" [medians of {a.rounds} rounds]" if "lnormd_rounds" in res else "")
                       + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
-                                for n in [n for n, _ in alts] + [n for n, _ in variants]), flush=True)
+                                for n in [n for n, _ in alts] + [v[0] for v in variants]), flush=True)
                 del fn_l, fn_time, fresh  # fn_l's closure holds y
                 del y
         del src
@@ -288,7 +290,8 @@ def main():
            "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
            "copy_gbs": copy_gbs, "copy_fixed_gbs": copy_fixed_gbs, "y": a.y, "torch": torch.__version__, "triton": triton.__version__,
            "torch_compile_seconds": compile_spent, "alt_builds": a.alt,
-           "variants": [f"{n}=" + ",".join(f"{k}:{v}" for k, v in kvs) for n, kvs in variants], "rows": rows}
+           "variants": [f"{n}=" + ",".join(f"{k}:{v}" for k, v in kvs) + (f"@{on}" if on else "")
+                        for n, kvs, on in variants], "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     jpath = os.path.join(a.out, f"kernels-{date}.json")
     with open(jpath, "w") as f:
