@@ -1155,8 +1155,9 @@ template <bool RMS, int CL> struct TStore {
 #ifndef LNORM_CUDA_BULK_GCS
 #define LNORM_CUDA_BULK_GCS 1
 #endif
-template <int TPR, int NCH, int CL> struct BulkGCS {
-    static constexpr bool value = LNORM_CUDA_BULK_GCS && !LNORM__SMR(TPR, CL) && TPR >= 1024 && NCH <= 4;
+template <typename TX, typename TP, int TPR, int NCH, int CL> struct BulkGCS {
+    static constexpr bool value = LNORM_CUDA_BULK_GCS && !LNORM__SMR(TPR, CL) && TPR >= 1024 && NCH <= 4 &&
+                                  sizeof(TP) == sizeof(TX); /* a parameter chunk per x chunk (as FastGC) */
     static constexpr int64_t bytes = value ? (int64_t)2 * NCH * 1024 * 16 : 0;
 };
 template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct FastGC {
@@ -1773,7 +1774,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
      * refilled once the row is written (the launcher gives these kernels
      * LNORM_CUDA_SMR_STAGES, two; more can be forced). */
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
-    constexpr bool GCS = BulkGCS<TPR, NCH, CL>::value; /* gamma/beta in shared memory, after the stages */
+    constexpr bool GCS = BulkGCS<TX, TP, TPR, NCH, CL>::value; /* gamma/beta in shared memory, after the stages */
     constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value && !GCS;
     constexpr int NGC = GC ? NCH : 1;
     extern __shared__ __align__(128) unsigned char stage_mem[];
@@ -2152,7 +2153,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     /* GCS: one CTA an SM, gamma/beta after the stages; the stages the rest
      * of the CTA's shared memory holds (one will do: the row is read into
      * registers and the stage refilled before the row is reduced). */
-    constexpr int64_t gcs_bytes = BulkGCS<TPR, NCH, CL>::bytes;
+    constexpr int64_t gcs_bytes = BulkGCS<TX, TP, TPR, NCH, CL>::bytes;
     if constexpr (gcs_bytes > 0) {
         n = 1;
         stages = (int)((LNORM__BULK_SMEM_CTA - gcs_bytes) / stage_bytes);
