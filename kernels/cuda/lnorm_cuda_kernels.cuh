@@ -1148,18 +1148,6 @@ template <bool RMS, int CL> struct TStore {
 #ifndef LNORM_CUDA_FAST_PSPEC
 #define LNORM_CUDA_FAST_PSPEC 1
 #endif
-/* LNORM_CUDA_BULK_GCS: the bulk kernels that hold the row in registers in
- * the 1024-thread tiers (LNORM_CUDA_CLU_SMEM 0: not SMR) keep gamma/beta
- * in shared memory (GCS in fast_row) instead of the register cache,
- * which does not fit beside the row there; 0: read them for every row. */
-#ifndef LNORM_CUDA_BULK_GCS
-#define LNORM_CUDA_BULK_GCS 1
-#endif
-template <typename TX, typename TP, int TPR, int NCH, int CL> struct BulkGCS {
-    static constexpr bool value = LNORM_CUDA_BULK_GCS && !LNORM__SMR(TPR, CL) && TPR >= 1024 && NCH <= 4 &&
-                                  sizeof(TP) == sizeof(TX); /* a parameter chunk per x chunk (as FastGC) */
-    static constexpr int64_t bytes = value ? (int64_t)2 * NCH * 1024 * 16 : 0;
-};
 template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct FastGC {
     static constexpr int mode = BULK ? LNORM_CUDA_BULK_GCACHE : LNORM_CUDA_FAST_GCACHE;
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
@@ -1178,18 +1166,12 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
  * they belong to (used when GC). Every thread of the CTA calls it (the
  * reductions synchronize). */
 template <typename TX, typename TP, bool RMS, int TPR, int NCH, int CL, int BLOCK, bool GC, bool F32REG = false,
-          bool AL = false, bool SMR = false, bool XW = false, bool RR = false, bool GCS = false>
+          bool AL = false, bool SMR = false, bool XW = false, bool RR = false>
 __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__kseg *s, int64_t r, int H, bool active,
                                          float K, int rank, int t, float (*red)[BLOCK / 32], void *cred, int &par,
                                          uint4 (&gcache)[GC ? NCH : 1], uint4 (&bcache)[GC ? NCH : 1],
-                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false,
-                                         uint4 *psm = nullptr)
+                                         const lnorm__kseg *&cs, const unsigned char *srow = nullptr, bool ts = false)
 {
-    /* GCS (k_bulk, LNORM_CUDA_BULK_GCS): the gamma/beta chunks of GC kept
-     * in shared memory instead of registers, psm[(2 j) * BLOCK + thread]
-     * and psm[(2 j + 1) * BLOCK + thread] (each thread reads back only what
-     * it wrote: no barrier). Same values, same bits. */
-    static_assert(!(GC && GCS), "one parameter cache");
     constexpr int VEC = (int)(16 / sizeof(TX));
     /* The 8-chunk kernels (tier 14; every cluster tier of tier set 0) read
      * gamma/beta with plain loads, one chunk at a time behind a compiler
@@ -1373,16 +1355,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
                 bcache[j] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
             }
         }
-    } else if constexpr (GCS) {
-        if (s != cs) {
-            cs = s;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                psm[(2 * j) * BLOCK + threadIdx.x] = load_param_raw<TP>(gp, c0, H, gal, 1.0f);
-                psm[(2 * j + 1) * BLOCK + threadIdx.x] = load_param_raw<TP>(bp, c0, H, bal, -0.0f);
-            }
-        }
     }
     TX *yr = (TX *)s->y + r * s->y_stride;
     const bool yal = ((uintptr_t)yr & 15) == 0;
@@ -1400,9 +1372,6 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             if constexpr (GC) {
                 unpack<TP, BB>(gcache[j], g);
                 unpack<TP, BB>(bcache[j], b);
-            } else if constexpr (GCS) {
-                unpack<TP, BB>(psm[(2 * j) * BLOCK + threadIdx.x], g);
-                unpack<TP, BB>(psm[(2 * j + 1) * BLOCK + threadIdx.x], b);
             } else if constexpr (AL) {
                 load_param_full<TP, VEC, BB>(g_, c0, 1.0f, g);
                 load_param_full<TP, VEC, BB>(b_, c0, -0.0f, b);
@@ -1439,7 +1408,7 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #endif
         }
     };
-    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC && !GCS) {
+    if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
         if (gp != nullptr && bp != nullptr)
             emit(gp, bp);
         else if (gp != nullptr)
@@ -1774,8 +1743,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
      * refilled once the row is written (the launcher gives these kernels
      * LNORM_CUDA_SMR_STAGES, two; more can be forced). */
     constexpr bool SMR = BulkShape<TPR, NCH, CL>::smr;
-    constexpr bool GCS = BulkGCS<TX, TP, TPR, NCH, CL>::value; /* gamma/beta in shared memory, after the stages */
-    constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value && !GCS;
+    constexpr bool GC = FastGC<TX, TP, RMS, NCH, true>::value;
     constexpr int NGC = GC ? NCH : 1;
     extern __shared__ __align__(128) unsigned char stage_mem[];
     __shared__ uint64_t bar[LNORM__BULK_MAXST];
@@ -2024,9 +1992,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         const bool ts = SMR && TStore<RMS, CL>::value && active && ybytes > 0 &&
                         (((uintptr_t)yrow + (uintptr_t)yoff) & 15) == 0;
         fast_row<TX, TP, RMS, TPR, NCH, CL, BLOCK, GC, !SMR && NCH * VEC <= LNORM_CUDA_BULK_F32REG, false, SMR,
-                 LNORM_CUDA_BULK_XW != 0, false, GCS>(
-            raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src, ts,
-            GCS ? reinterpret_cast<uint4 *>(stage_mem + (int64_t)stages * stage_bytes) : nullptr);
+                 LNORM_CUDA_BULK_XW != 0>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src,
+                                           ts);
         if constexpr (SMR && TStore<RMS, CL>::value) {
             if (ts) { /* uniform over the CTA (one row a CTA) */
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -2150,25 +2117,12 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         n = 1;
         stages = 2;
     }
-    /* GCS: one CTA an SM, gamma/beta after the stages; the stages the rest
-     * of the CTA's shared memory holds (one will do: the row is read into
-     * registers and the stage refilled before the row is reduced). */
-    constexpr int64_t gcs_bytes = BulkGCS<TX, TP, TPR, NCH, CL>::bytes;
-    if constexpr (gcs_bytes > 0) {
-        n = 1;
-        stages = (int)((LNORM__BULK_SMEM_CTA - gcs_bytes) / stage_bytes);
-        if (stages > (int)max_st)
-            stages = (int)max_st;
-        if (lnorm__bulk_stages_override >= 1 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
-            lnorm__bulk_stages_override * stage_bytes + gcs_bytes <= LNORM__BULK_SMEM_CTA)
-            stages = lnorm__bulk_stages_override;
-    }
     if (stages == 0)
         return cudaErrorInvalidValue;
-    if (gcs_bytes == 0 && lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
+    if (lnorm__bulk_stages_override >= 2 && lnorm__bulk_stages_override <= LNORM__BULK_MAXST &&
         lnorm__bulk_stages_override * stage_bytes <= LNORM__BULK_SMEM_CTA)
         stages = lnorm__bulk_stages_override;
-    const size_t smem = (size_t)(stages * stage_bytes + gcs_bytes);
+    const size_t smem = (size_t)(stages * stage_bytes);
     const int64_t tiles = (p->total_rows + RPC - 1) / RPC;
     if constexpr (CL == 1) {
         const int64_t cap = (int64_t)sms * n;
