@@ -19,7 +19,7 @@
  * current kernel (fp32 of the outputs).
  *
  * Build (here): nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/cuda -Iinclude \
- *   bench/gpu/kexp.cu -o kexp      (scripts/device-pack.sh adds it)
+ *   bench/gpu/kexp.cu -o .devpack/kexp   (not part of the build; carry it)
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,35 +32,15 @@
 #include <vector>
 
 #include "lnorm_cuda_kernels.cuh"
-
-extern "C" {
-int lnorm__bulk_enabled = 1;
-int lnorm__bulk_stages_override = 0;
-int lnorm__bulk_ctas_override = 0;
-int lnorm__bulk_smem_kb = 64;
-int lnorm__fast_grid = 0;
-int lnorm__fast_aligned = 0;
-long lnorm__bulk_launches = 0;
-long lnorm__bulk_fallbacks = 0;
-long lnorm__al_launches = 0;
-}
+#include "harness.cuh"
 
 using namespace lnorm_cuda;
-
-#define CK(e)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (e);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));          \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
 
 /* Sum over the TPR threads of a group: lnormd's group_sum without a
  * cluster. */
 template <int TPR, int BLOCK> __device__ __forceinline__ float gsum(float v, float (*red)[BLOCK / 32], int par)
 {
-    return group_sum<TPR, BLOCK, 1>(v, red, nullptr, par);
+    return group_sum<TPR, BLOCK, 1>(v, red, nullptr, 0, par);
 }
 
 /* A 16-byte load with the L2 256-byte prefetch hint. */
@@ -169,9 +149,11 @@ __global__ void __launch_bounds__(TPR) k_xc(const T *__restrict__ x, T *__restri
 {
     constexpr int VEC = 16 / (int)sizeof(T);
     __shared__ float red[2][TPR / 32];
-    __shared__ float cred[4];
+    __shared__ ClusterRed<CL, TPR / 32> cred;
     const int t = (int)threadIdx.x;
     const int rank = (int)cg::this_cluster().block_rank();
+    cluster_red_init(&cred);
+    cg::this_cluster().sync(); /* peers store into cred only after its init */
     int par = 0;
     for (int64_t row = blockIdx.x / CL; row < N; row += gridDim.x / CL) {
         const T *xr = x + row * (int64_t)H;
@@ -198,8 +180,8 @@ __global__ void __launch_bounds__(TPR) k_xc(const T *__restrict__ x, T *__restri
         }
         float d = 0.0f;
         if constexpr (!RMS) {
-            s1 = group_sum<TPR, TPR, CL>(s1, red, cred, par);
-            par ^= 1;
+            s1 = group_sum<TPR, TPR, CL>(s1, red, &cred, rank, par);
+            par++;
             d = s1 / (float)H;
         }
         float sq = 0.0f;
@@ -213,8 +195,8 @@ __global__ void __launch_bounds__(TPR) k_xc(const T *__restrict__ x, T *__restri
                 sq = __fmaf_rn(f[j][k], f[j][k], sq);
             }
         }
-        sq = group_sum<TPR, TPR, CL>(sq, red, cred, par);
-        par ^= 1;
+        sq = group_sum<TPR, TPR, CL>(sq, red, &cred, rank, par);
+        par++;
         const float rstd = 1.0f / sqrtf(sq / (float)H + eps);
         T *yr = y + row * (int64_t)H;
 #pragma unroll

@@ -39,34 +39,10 @@
 #include <vector>
 
 #include "lnorm_cuda_kernels.cuh"
-
-extern "C" {
-int lnorm__bulk_enabled = 1;
-int lnorm__bulk_stages_override = 0;
-int lnorm__bulk_ctas_override = 0;
-int lnorm__bulk_smem_kb = 64;
-int lnorm__fast_grid = 0;
-int lnorm__fast_aligned = 0;
-int lnorm__fast_reread = 0;
-long lnorm__rr_launches = 0;
-long lnorm__al_launches = 0;
-long lnorm__bulk_launches = 0;
-long lnorm__bulk_fallbacks = 0;
-int lnorm__bulk_dynamic = 1;
-long lnorm__dyn_launches = 0;
-}
+#include "harness.cuh"
 
 using namespace lnorm_cuda;
 namespace cg = cooperative_groups;
-
-#define CK(e)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (e);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));          \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
 
 /* Each thread contributes 1 (so a reduction's exact result is
  * 1024 * CL); the next reduction's input depends on the last result. */
