@@ -38,4 +38,21 @@ long lnorm__dyn_launches = 0;
         }                                                                                        \
     } while (0)
 
+/* A launch configuration for clusters of cl CTAs of `block` threads
+ * (cudaLaunchKernelEx); *at holds its one attribute. */
+static inline cudaLaunchConfig_t cluster_config(int cl, dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = (unsigned)cl;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 #endif

@@ -395,16 +395,8 @@ template <typename T, bool RMS, int TPR, int NCH, int CL> static void run_xc(Ctx
         CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, kern));
-    cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(TPR, 1, 1);
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cfg.gridDim = dim3(CL * c.sms, 1, 1);
+    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL * c.sms, 1, 1), dim3(TPR, 1, 1), 0, at);
     int ncl = 0;
     CK(cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg));
     const int64_t grids[2] = {c.N, ncl};

@@ -44,6 +44,18 @@
 using namespace lnorm_cuda;
 namespace cg = cooperative_groups;
 
+/* The end of every reduction here: t (a lane's part) summed over the warp
+ * by a shuffle tree; bad counts a wrong total; the next input is 1 again,
+ * but only once the total is known. */
+__device__ __forceinline__ void finish(float t, float &v, float &bad, int CL)
+{
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        t += __shfl_xor_sync(0xffffffffu, t, m);
+    bad += t != 1024.0f * CL ? 1.0f : 0.0f;
+    v = t * (1.0f / (1024.0f * CL));
+}
+
 /* Each thread contributes 1 (so a reduction's exact result is
  * 1024 * CL); the next reduction's input depends on the last result. */
 template <int CL> __global__ void __launch_bounds__(1024, 1) k_clu(int iters, float *out)
@@ -150,11 +162,7 @@ template <int CL, int VAR, int P> __global__ void __launch_bounds__(1024, 1) k_c
                 if (k * 32 + lane < CL * NG)
                     t += (&slot[b][0][0])[(k * 32 + lane) / NG * NW + (k * 32 + lane) % NG];
         }
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            t += __shfl_xor_sync(0xffffffffu, t, m);
-        bad += t != 1024.0f * CL ? 1.0f : 0.0f;
-        v = t * (1.0f / (1024.0f * CL));
+        finish(t, v, bad, CL);
     }
     if (threadIdx.x == 0)
         out[blockIdx.x] = bad;
@@ -232,11 +240,7 @@ __global__ void __launch_bounds__(1024, 1) k_glob(int iters, unsigned long long 
                 t = __uint_as_float((unsigned)(u >> 32));
             }
         }
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            t += __shfl_xor_sync(0xffffffffu, t, m);
-        bad += t != 1024.0f * CL ? 1.0f : 0.0f;
-        v = t * (1.0f / (1024.0f * CL));
+        finish(t, v, bad, CL);
     }
     if (threadIdx.x == 0)
         out[blockIdx.x] = bad;
@@ -281,17 +285,8 @@ template <int CL> static void run_k(void (*kern)(int, float *), const char *form
     if (CL > 8)
         CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-    cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(1024);
-    cfg.dynamicSmemBytes = SMEM;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cfg.gridDim = dim3(CL);
+    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL), dim3(1024), SMEM, at);
     int ncl = 0;
     CK(cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg));
     cfg.gridDim = dim3(ncl * CL);
