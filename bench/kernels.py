@@ -112,6 +112,7 @@ def main():
     a = ap.parse_args()
     lib = load_lib(a.lib)
     alts = [(kv.split("=", 1)[0], load_lib(kv.split("=", 1)[1])) for kv in a.alt]
+    alt_lib = dict(alts)
     variants = []
     if hasattr(lib, "lnorm_cuda_set_tuning"):
         specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "noal=fast_aligned:0",
@@ -121,6 +122,8 @@ def main():
                 continue
             name, kvs = spec.split("=", 1)
             kvs, _, on = kvs.partition("@")  # NAME=KEY:VAL,...@ALT: the tuning of --alt build ALT
+            if on and on not in alt_lib:
+                raise SystemExit(f"--variant {spec}: no --alt build named {on}")
             variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")], on))
     def reset(lb=lib):
         # Every knob back to the library's initial value ("defaults"; a
@@ -254,7 +257,7 @@ def main():
                         fn = lnormd_fn(lb, op, x, w, b, None)
                     return same, gbs(triton.testing.do_bench(fn, return_mode="median"))
                 for name, kvs, on in variants:
-                    vlib = dict(alts)[on] if on else lib
+                    vlib = alt_lib[on] if on else lib
                     tune(kvs, vlib)
                     res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(vlib)
                     reset(vlib)
