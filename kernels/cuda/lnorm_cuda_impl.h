@@ -276,6 +276,17 @@ typedef struct lnorm__kparams {
     X(12, 1024, 2, 8)    \
     X(13, 1024, 2, 16)   \
     LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 9
+/* Tier set 9 (A/B builds only, session 15): set 7 with the cluster tiers
+ * 11-13 as 256 x 8 over 4, 8 and 16 CTAs (a 32 KiB slice a CTA, several
+ * CTAs an SM, so one CTA's reduction waits overlap another's passes: the
+ * shape Quack uses on the H100). */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 1024, 4, 1)    \
+    X(11, 256, 8, 4)     \
+    X(12, 256, 8, 8)     \
+    X(13, 256, 8, 16)    \
+    LNORM__TIER14(X)
 #elif LNORM_CUDA_TIERSET == 3
 /* Tier set 3 (the default of session 5): 512 x 4 CTAs in tiers 12-13. */
 #define LNORM__TIERS_CLU(X)  \
@@ -310,7 +321,7 @@ typedef struct lnorm__kparams {
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
 #else
-#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-8"
+#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-9"
 #endif
 
 /* The register tiers of 16-bit x and of f32 x: the same capacities (tier

@@ -1554,6 +1554,11 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
 #ifndef LNORM_CUDA_CLU_REGS
 #define LNORM_CUDA_CLU_REGS 64 /* register budget of the 4-chunk cluster bulk kernels */
 #endif
+/* LNORM_CUDA_CLU_REGS8 (A/B builds): register budget of the 8-chunk SMR
+ * kernels (the cluster tiers of tier sets 0 and 9), default 128. */
+#ifndef LNORM_CUDA_CLU_REGS8
+#define LNORM_CUDA_CLU_REGS8 128
+#endif
 template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int block = FastBlock<TPR>::value;
     /* The row read from its stage in each pass (SMR): the cluster tiers
@@ -1562,7 +1567,9 @@ template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr bool smr = LNORM__SMR(TPR, CL);
     static constexpr int min_blocks = (smr && NCH <= 4)
                                           ? 65536 / (block * LNORM_CUDA_CLU_REGS)
-                                          : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
+                                          : (smr && LNORM_CUDA_CLU_REGS8 < 128)
+                                                ? 65536 / (block * LNORM_CUDA_CLU_REGS8)
+                                                : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
 
 /* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from global
