@@ -406,14 +406,41 @@ __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[16 / sizeof(TX
     }
 }
 
+/* LNORM_CUDA_PACK2 (session 15): 16-bit chunks are packed two elements
+ * at a time (__floats2bfloat162_rn / __floats2half2_rn: one F2FP a pair,
+ * each element rounded to nearest even as by __float2bfloat16_rn /
+ * __float2half_rn, so the same bits) instead of one conversion an element
+ * and a PRMT a pair (12 instructions a chunk against 4). 0: element by
+ * element. */
+#ifndef LNORM_CUDA_PACK2
+#define LNORM_CUDA_PACK2 0
+#endif
 /* VEC floats -> raw chunk (each rounded to TX). */
 template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16 / sizeof(TX)])
 {
-    Raw<TX> r;
+    if constexpr (LNORM_CUDA_PACK2 && std::is_same<TX, __nv_bfloat16>::value) {
+        uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
-        r.e[k] = from_f<TX>(f[k]);
-    return r.u;
+        for (int i = 0; i < 4; i++) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]); /* .x: element 2i (low half) */
+            w[i] = *reinterpret_cast<const uint32_t *>(&h);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (LNORM_CUDA_PACK2 && std::is_same<TX, __half>::value) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+            w[i] = *reinterpret_cast<const uint32_t *>(&h);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+        Raw<TX> r;
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(TX)); k++)
+            r.e[k] = from_f<TX>(f[k]);
+        return r.u;
+    }
 }
 
 /* Loads of x with the evict-first (streaming, .cs) hint: 0 (default) plain
@@ -476,6 +503,16 @@ template <typename T> __device__ __forceinline__ void store_y16(T *p, T v)
 #else
     *p = v;
 #endif
+}
+
+/* Store the 16 bytes v at the 16-byte aligned global address p if `on`:
+ * one predicated store instruction, no branch around it (YH in fast_row). */
+__device__ __forceinline__ void store16_if(void *p, uint4 v, bool on)
+{
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %5, 0;\n\t"
+                 "@q st.global.v4.u32 [%0], {%1, %2, %3, %4};\n\t}" ::"l"(p),
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((unsigned)on)
+                 : "memory");
 }
 
 /* Load the x-dtype chunk at column c0 of row p as raw bits (columns >= H
@@ -1153,6 +1190,9 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
     static constexpr bool value = (mode >= 2 || (mode == 1 && !RMS)) && sizeof(TP) == sizeof(TX) && NCH <= 4;
 };
 
+#ifndef LNORM_CUDA_YAL_HOIST
+#define LNORM_CUDA_YAL_HOIST 0 /* fast_row: YH */
+#endif
 #ifndef LNORM_CUDA_SMR_SEL
 #define LNORM_CUDA_SMR_SEL 1 /* cluster kernels' passes without a branch a chunk (fast_row: SEL) */
 #endif
@@ -1360,7 +1400,10 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
     const bool yal = ((uintptr_t)yr & 15) == 0;
     /* The output pass; g_ / b_: gamma / beta, or a null constant where the
      * caller knows the parameter is absent (so its fills fold away). */
-    auto emit = [&](const TP *g_, const TP *b_) {
+    /* ya: whether y's row is 16-byte aligned, 0 tested chunk by chunk,
+     * 1 known aligned, 2 known unaligned (YH below). */
+    auto emit = [&](const TP *g_, const TP *b_, auto ya) {
+        [[maybe_unused]] constexpr int YA = decltype(ya)::value;
         rr_fill(true);
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
@@ -1397,8 +1440,14 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
             if constexpr (AL)
                 store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
             else if constexpr (XW) {
-                if (!SEL || c0 < H) /* the chunk is whole (SEL: computed past the row's end, not stored) */
-                    store_raw<TX>(yr, c0, c0 + VEC, yal, pack<TX>(f));
+                if constexpr (YA == 1 && SEL) {
+                    store16_if(yr + c0, pack<TX>(f), c0 < H); /* SEL: computed past the row's end, not stored */
+                } else if (!SEL || c0 < H) { /* the chunk is whole */
+                    if constexpr (YA == 1)
+                        store_y16(reinterpret_cast<uint4 *>(yr + c0), pack<TX>(f));
+                    else
+                        store_raw<TX>(yr, c0, c0 + VEC, YA == 0 && yal, pack<TX>(f));
+                }
             }
             else
                 store_raw<TX>(yr, c0, H, yal, pack<TX>(f));
@@ -1408,15 +1457,31 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[NCH], const lnorm__k
 #endif
         }
     };
+    /* YH (LNORM_CUDA_YAL_HOIST, session 15): the bulk kernels (XW), whose
+     * y rows may or may not be 16-byte aligned, test that once a row and
+     * run an output pass for each case, instead of a test and a branch
+     * around the element-by-element store in every chunk. Same stores,
+     * same bits. */
+    constexpr bool YH = XW && !AL && LNORM_CUDA_YAL_HOIST;
+    auto emit_y = [&](const TP *g_, const TP *b_) {
+        if constexpr (YH) {
+            if (yal)
+                emit(g_, b_, std::integral_constant<int, 1>{});
+            else
+                emit(g_, b_, std::integral_constant<int, 2>{});
+        } else {
+            emit(g_, b_, std::integral_constant<int, 0>{});
+        }
+    };
     if constexpr (LNORM_CUDA_FAST_PSPEC && !GC) {
         if (gp != nullptr && bp != nullptr)
-            emit(gp, bp);
+            emit_y(gp, bp);
         else if (gp != nullptr)
-            emit(gp, nullptr);
+            emit_y(gp, nullptr);
         else
-            emit(nullptr, bp);
+            emit_y(nullptr, bp);
     } else {
-        emit(gp, bp);
+        emit_y(gp, bp);
     }
 }
 

@@ -30,14 +30,15 @@ int lnorm_gpu_case_make(lnorm_gpu_case *gc, const lnorm_test_case *tc, int misal
     gc->seg = *s;
     void *d[8];
     int rc = 0;
-    rc |= up(&gc->raw[0], &d[0], tc->x, tc->x_bytes, misalign ? xs : 0);
+    const int all = misalign == 1;
+    rc |= up(&gc->raw[0], &d[0], tc->x, tc->x_bytes, all ? xs : 0);
     rc |= up(&gc->raw[1], &d[1], tc->y, tc->y_bytes, misalign ? ys : 0);
-    rc |= up(&gc->raw[2], &d[2], tc->residual, tc->res_bytes, misalign ? xs : 0);
-    rc |= up(&gc->raw[3], &d[3], tc->residual_out, tc->res_bytes, misalign ? xs : 0);
-    rc |= up(&gc->raw[4], &d[4], tc->gamma, h * ps, misalign ? ps : 0);
-    rc |= up(&gc->raw[5], &d[5], tc->beta, h * ps, misalign ? ps : 0);
-    rc |= up(&gc->raw[6], &d[6], tc->mean, rows * 4, misalign ? 4 : 0);
-    rc |= up(&gc->raw[7], &d[7], tc->rstd, rows * 4, misalign ? 4 : 0);
+    rc |= up(&gc->raw[2], &d[2], tc->residual, tc->res_bytes, all ? xs : 0);
+    rc |= up(&gc->raw[3], &d[3], tc->residual_out, tc->res_bytes, all ? xs : 0);
+    rc |= up(&gc->raw[4], &d[4], tc->gamma, h * ps, all ? ps : 0);
+    rc |= up(&gc->raw[5], &d[5], tc->beta, h * ps, all ? ps : 0);
+    rc |= up(&gc->raw[6], &d[6], tc->mean, rows * 4, all ? 4 : 0);
+    rc |= up(&gc->raw[7], &d[7], tc->rstd, rows * 4, all ? 4 : 0);
     if (rc) {
         lnorm_gpu_case_free(gc);
         return LNORM_ECUDA;

@@ -10,15 +10,17 @@
 
 #include "testcase.h"
 
-/* Device buffers of one case; `shift` bytes added to every base pointer
- * (0, or one element to make every access misaligned). */
+/* Device buffers of one case; one element added to the base pointers that
+ * lnorm_gpu_case_make's misalign shifts. */
 typedef struct lnorm_gpu_case {
     lnorm_segment seg; /* device pointers */
     void *raw[8];      /* cudaMalloc'ed blocks (x, y, res, res_out, g, b, mean, rstd) */
 } lnorm_gpu_case;
 
-/* Mirror tc on the current device; misalign: shift every tensor by one
- * element. Returns LNORM_OK or LNORM_ECUDA (nothing left allocated). */
+/* Mirror tc on the current device; misalign 1: shift every tensor by one
+ * element, 2: y alone (x aligned, so the bulk kernels still run, with a
+ * misaligned output). Returns LNORM_OK or LNORM_ECUDA (nothing left
+ * allocated). */
 int lnorm_gpu_case_make(lnorm_gpu_case *gc, const lnorm_test_case *tc, int misalign);
 
 /* Copy the device outputs (y, residual_out, mean, rstd, padding included)

@@ -169,7 +169,8 @@ static int outs_same(const outs *o, const lnorm_test_case *tc)
     return 1;
 }
 
-/* Run tc on the GPU (shifted by one element if misalign); outputs land in
+/* Run tc on the GPU (every tensor shifted by one element if misalign is 1,
+ * y alone if 2: lnorm_gpu_case_make); outputs land in
  * tc's host buffers. With a workspace ws, through lnorm_cuda_run (a batch of
  * one segment: the long-row kernels take dynamic tiles), else through
  * lnorm_cuda_run_segment. */
@@ -659,7 +660,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     static const int64_t hs[] = {64, 256, 1000, 2000, 4096, 12000, 20000, 40000, 100000};
     static const struct {
         const char *name;
-        int bulk, stages, ctas, grid, aligned, dyn, reread;
+        int bulk, stages, ctas, grid, aligned, dyn, reread, ymis; /* ymis: y rows misaligned, x aligned */
     } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0, 0},
                 {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0, 0},
                 {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0, 0},
@@ -672,7 +673,9 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                 {"default policy, re-read form wherever rows allow", 1, 0, 0, 0, 2, 0, 2},
                 {"bulk forced, 2 stages, dynamic tiles", 2, 2, 0, 0, 0, 1, 1},
                 {"default policy, dynamic tiles", 1, 0, 0, 0, 1, 1, 1},
-                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1, 1}};
+                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1, 1},
+                {"bulk forced, y misaligned", 2, 0, 0, 0, 0, 0, 1, 1},
+                {"default policy, y misaligned", 1, 0, 0, 0, 1, 0, 1, 1}};
     lnorm_cuda_ws *ws = NULL;
     if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
         fprintf(stderr, "FAIL bulk pipeline: lnorm_cuda_ws_create\n");
@@ -753,7 +756,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         const long nb = lnorm_cuda_stat("bulk_launches");
                         const long nd = lnorm_cuda_stat("dynamic_launches");
                         const long nrr = lnorm_cuda_stat("reread_launches");
-                        int err = gpu_run_ws(&tc, 0, runs[ri].dyn ? ws : NULL, &why);
+                        int err = gpu_run_ws(&tc, runs[ri].ymis ? 2 : 0, runs[ri].dyn ? ws : NULL, &why);
                         if (err) {
                             fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
                                     why ? why : "");
