@@ -406,14 +406,19 @@ __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[16 / sizeof(TX
     }
 }
 
-/* LNORM_CUDA_PACK2 (session 15): 16-bit chunks are packed two elements
- * at a time (__floats2bfloat162_rn / __floats2half2_rn: one F2FP a pair,
- * each element rounded to nearest even as by __float2bfloat16_rn /
- * __float2half_rn, so the same bits) instead of one conversion an element
- * and a PRMT a pair (12 instructions a chunk against 4). 0: element by
- * element. */
+/* LNORM_CUDA_PACK2 (default since session 15): 16-bit chunks are packed
+ * two elements at a time (__floats2bfloat162_rn / __floats2half2_rn: one
+ * F2FP a pair, each element rounded to nearest even as by
+ * __float2bfloat16_rn / __float2half_rn, so the same bits) instead of one
+ * conversion an element and a PRMT a pair (4 instructions a chunk against
+ * 12). 0: element by element. With YH (fast_row) on the H200, same run,
+ * every column bit-identical (bench/results/kernels-2026-12-01-9897ccd-pk-ab):
+ * bf16 LayerNorm H = 32768 / 65536 / 131072 +0.9% / +2.5% / +1.8%, the
+ * other rows within run-to-run spread; ncu: bf16 LayerNorm H = 131072
+ * 4.3% fewer instructions (109.0 M against 113.9 M), bf16 RMSNorm 9%
+ * fewer at the same time. */
 #ifndef LNORM_CUDA_PACK2
-#define LNORM_CUDA_PACK2 0
+#define LNORM_CUDA_PACK2 1
 #endif
 /* VEC floats -> raw chunk (each rounded to TX). */
 template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16 / sizeof(TX)])
@@ -1191,7 +1196,7 @@ template <typename TX, typename TP, bool RMS, int NCH, bool BULK = false> struct
 };
 
 #ifndef LNORM_CUDA_YAL_HOIST
-#define LNORM_CUDA_YAL_HOIST 0 /* fast_row: YH */
+#define LNORM_CUDA_YAL_HOIST 1 /* fast_row: YH (default since session 15; measured with LNORM_CUDA_PACK2) */
 #endif
 #ifndef LNORM_CUDA_SMR_SEL
 #define LNORM_CUDA_SMR_SEL 1 /* cluster kernels' passes without a branch a chunk (fast_row: SEL) */
