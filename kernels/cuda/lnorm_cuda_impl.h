@@ -280,7 +280,11 @@ typedef struct lnorm__kparams {
 /* Tier set 9 (A/B builds only, session 15): set 7 with the cluster tiers
  * 11-13 as 256 x 8 over 4, 8 and 16 CTAs (a 32 KiB slice a CTA, several
  * CTAs an SM, so one CTA's reduction waits overlap another's passes: the
- * shape Quack uses on the H100). */
+ * shape Quack uses on the H100). Same run on the H200 (bench/results/
+ * kernels-2026-12-01-6e1d713-sets-ab.log, build set9r64: 64 registers,
+ * LNORM_CUDA_CLU_REGS8): 14-29% slower in every row it changes (bf16
+ * LayerNorm H = 131072 2466 against 3194 GB/s); set 3 in the same run
+ * 3-19% slower. */
 #define LNORM__TIERS_CLU(X)  \
     X(10, 1024, 4, 1)    \
     X(11, 256, 8, 4)     \
