@@ -1768,6 +1768,16 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
 #ifndef LNORM_CUDA_DYN_TB_SMEM
 #define LNORM_CUDA_DYN_TB_SMEM 0
 #endif
+/* LNORM_CUDA_X0_BULK (session 15, A/B): the LayerNorm cluster kernels with
+ * fixed shares stage h[0] of each row (the shift) in every CTA but rank 0
+ * by a 16-byte bulk copy into dt.x0, counted on the row's stage barrier,
+ * as with dynamic tiles, instead of a load from global memory at the start
+ * of the row (its wait was 1.7% / 3.7% of the stall samples of bf16
+ * H = 131072 / f32 H = 262144, bench/results/ncu-src-2026-12-01-f39be75).
+ * Same value, same bits. */
+#ifndef LNORM_CUDA_X0_BULK
+#define LNORM_CUDA_X0_BULK 0
+#endif
 struct DynTiles {
     int64_t tile[LNORM__BULK_MAXST]; /* the tile in each stage, -1: none (the CTA stops there) */
     int64_t mail[LNORM__TMAIL];      /* cluster peers: tickets from rank 0 */
@@ -1909,6 +1919,20 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         }
         return tk;
     };
+    /* X0B (LNORM_CUDA_X0_BULK) or dyn: a LayerNorm cluster CTA other than
+     * rank 0 gets h[0] of the row of tile nt (RPC == 1) into dt.x0[sx] by a
+     * bulk copy counted on the stage's barrier (warp 0's lane 0, before
+     * bulk_issue's arrive). */
+    constexpr bool X0B = CL > 1 && !RMS && LNORM_CUDA_X0_BULK;
+    auto x0_issue = [&](int64_t nt, int sx) {
+        if constexpr (CL > 1 && !RMS) {
+            if (rank != 0 && lane == 0) {
+                const lnorm__kseg *s0 = find_seg(p, nt);
+                mbar_expect_tx(&bar[sx], 16u);
+                bulk_load(dt.x0[sx], (const TX *)s0->x + (nt - s0->row_begin) * s0->x_stride, 16u, &bar[sx]);
+            }
+        }
+    };
     /* Warp 0: stage sx gets fill u's tile (static: tile cid + u * ncl). */
     auto issue = [&](int64_t u, int sx) {
         unsigned char *dst = stage_mem + sx * stage_bytes;
@@ -1931,21 +1955,19 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             return;
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        if constexpr (CL > 1 && !RMS) {
-            if (dyn && rank != 0 && lane == 0) { /* h[0] of the row, for the shift */
-                const lnorm__kseg *s0 = find_seg(p, nt);
-                mbar_expect_tx(&bar[sx], 16u);
-                bulk_load(dt.x0[sx], (const TX *)s0->x + (nt - s0->row_begin) * s0->x_stride, 16u, &bar[sx]);
-            }
-        }
+        if (dyn || X0B)
+            x0_issue(nt, sx);
         bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, dst, rs, &bar[sx]);
     };
     if constexpr (!DYN) { /* the fixed shares alone */
         if (threadIdx.x < 32)
             for (int i = 0; i < stages; i++)
-                if (cid + i * ncl < ntiles)
+                if (cid + i * ncl < ntiles) {
+                    if constexpr (X0B)
+                        x0_issue(cid + i * ncl, i);
                     bulk_issue<TX, TPR, NCH, CL, RPC>(p, cid + i * ncl, rank, stage_mem + i * stage_bytes, rs,
                                                       &bar[i]);
+                }
     } else if (threadIdx.x < 32) {
         if (dyn && fetcher && lane == 0) {
             dt.base = ticket_take(p.sched, (unsigned)stages);
@@ -1991,19 +2013,20 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         const int H = active ? (int)s->hidden : 0;
         /* A cluster CTA other than rank 0 has not staged h[0]: read it
          * from global memory before waiting, so the load overlaps the wait
-         * (dyn: its 16 bytes were copied into dt.x0 with the slice). */
+         * (dyn or X0B: its 16 bytes were copied into dt.x0 with the slice,
+         * read once the stage is complete). */
         TX x0 = TX(0.0f);
-        if constexpr (CL > 1 && !RMS) {
-            if (H > 0) {
-                if (dyn)
-                    x0 = rank == 0 ? *reinterpret_cast<const TX *>(stage_mem + st * stage_bytes)
-                                   : *reinterpret_cast<const TX *>(dt.x0[st]);
-                else
-                    x0 = ((const TX *)s->x + r * s->x_stride)[0];
-            }
+        if constexpr (CL > 1 && !RMS && !X0B) {
+            if (H > 0 && !dyn)
+                x0 = ((const TX *)s->x + r * s->x_stride)[0];
         }
         if (!dyn)
             mbar_wait(&bar[st], phase);
+        if constexpr (CL > 1 && !RMS) {
+            if (H > 0 && (dyn || X0B))
+                x0 = rank == 0 ? *reinterpret_cast<const TX *>(stage_mem + st * stage_bytes)
+                               : *reinterpret_cast<const TX *>(dt.x0[st]);
+        }
         const unsigned char *src = stage_mem + st * stage_bytes + g * rs;
         uint4 raw[NCH];
         if constexpr (!SMR) {
@@ -2041,6 +2064,8 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
                             bulk_store_wait_read();
                     if (nt < ntiles) {
                         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                        if constexpr (X0B)
+                            x0_issue(nt, st);
                         bulk_issue<TX, TPR, NCH, CL, RPC>(p, nt, rank, stage_mem + st * stage_bytes, rs, &bar[st]);
                     }
                 }
