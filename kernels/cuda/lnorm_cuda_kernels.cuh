@@ -511,7 +511,8 @@ template <typename T> __device__ __forceinline__ void store_y16(T *p, T v)
 }
 
 /* Store the 16 bytes v at the 16-byte aligned global address p if `on`:
- * one predicated store instruction, no branch around it (YH in fast_row). */
+ * one predicated store instruction, no branch around it (YH in fast_row;
+ * a plain store: LNORM_CUDA_STCS does not apply to it). */
 __device__ __forceinline__ void store16_if(void *p, uint4 v, bool on)
 {
     asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %5, 0;\n\t"
@@ -1625,7 +1626,8 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
 #define LNORM_CUDA_CLU_REGS 64 /* register budget of the 4-chunk cluster bulk kernels */
 #endif
 /* LNORM_CUDA_CLU_REGS8 (A/B builds): register budget of the 8-chunk SMR
- * kernels (the cluster tiers of tier sets 0 and 9), default 128. */
+ * kernels (the cluster tiers of tier sets 0 and 9, tier 14 as 512 x 8 with
+ * LNORM_CUDA_T14_1024=0), default 128. */
 #ifndef LNORM_CUDA_CLU_REGS8
 #define LNORM_CUDA_CLU_REGS8 128
 #endif
@@ -1638,7 +1640,9 @@ template <int TPR, int NCH, int CL = 1> struct BulkShape {
     static constexpr int min_blocks = (smr && NCH <= 4)
                                           ? 65536 / (block * LNORM_CUDA_CLU_REGS)
                                           : (smr && LNORM_CUDA_CLU_REGS8 < 128)
-                                                ? 65536 / (block * LNORM_CUDA_CLU_REGS8)
+                                                ? (65536 / (block * LNORM_CUDA_CLU_REGS8) > 1
+                                                       ? 65536 / (block * LNORM_CUDA_CLU_REGS8)
+                                                       : 1)
                                                 : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
 };
 

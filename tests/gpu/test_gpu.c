@@ -654,7 +654,10 @@ static void bulk_table(lnorm_rng *g)
  * runs with "fast_reread" 2 must take k_fast's re-read form in every
  * one-CTA tier of at least LNORM_CUDA_RR_MIN_TPR threads a row (counter
  * "reread_launches"; these rows all qualify for the aligned form), those
- * with 0 nowhere. */
+ * with 0 nowhere. The runs marked ymis put every row of y one element off
+ * 16-byte alignment with x aligned, so the bulk kernels still run and store
+ * y element by element (in the cluster tiers of RMSNorm from 8 CTAs, instead
+ * of the bulk copy of y). */
 static void bulk_pipeline(lnorm_rng *g, int quick)
 {
     static const int64_t hs[] = {64, 256, 1000, 2000, 4096, 12000, 20000, 40000, 100000};
