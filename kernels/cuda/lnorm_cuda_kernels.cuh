@@ -1778,7 +1778,10 @@ __device__ __forceinline__ void bulk_issue(const lnorm__kparams &p, int64_t tile
  * as with dynamic tiles, instead of a load from global memory at the start
  * of the row (its wait was 1.7% / 3.7% of the stall samples of bf16
  * H = 131072 / f32 H = 262144, bench/results/ncu-src-2026-12-01-f39be75).
- * Same value, same bits. */
+ * Same value, same bits. Measured on the H200, two runs (bench/results/
+ * kernels-2026-12-01-659281f-x0b-ab{,2}): f32 LayerNorm H = 262144 +0.9% /
+ * +1.2%, the other LayerNorm cluster rows -0.7..+0.7%: within about 1%
+ * either way, so off. */
 #ifndef LNORM_CUDA_X0_BULK
 #define LNORM_CUDA_X0_BULK 0
 #endif
