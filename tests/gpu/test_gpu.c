@@ -369,17 +369,19 @@ static void sweep(lnorm_rng *g, int quick)
 
 /* k_fast (no residual) against the general kernel (the same rows with an
  * all-zero residual, so h = x + 0 = x): bit-identical y, mean and rstd for
- * every combination of gamma and beta (beta alone too), both ops, f32 and
- * bf16 x, parameters of x's dtype and f32, H with and without a masked
+ * every combination of gamma and beta (beta alone too), both ops, f32, bf16
+ * and f16 x (f16 since session 15), parameters of x's dtype and f32, H with and without a masked
  * tail, aligned rows (the straight-line form where the policy takes it)
  * and padded ones (the general form). */
 static void fast_vs_general(lnorm_rng *g, int quick)
 {
     static const int64_t hs[] = {100, 1003, 1024, 4096};
-    static const int xdts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16};
+    /* f16 too: k_fast packs 16-bit chunks a pair at a time
+     * (LNORM_CUDA_PACK2), the general kernel element by element. */
+    static const int xdts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16, LNORM_DTYPE_F16};
     long n = 0;
     for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
-        for (int xi = 0; xi < 2; xi++)
+        for (int xi = 0; xi < (int)(sizeof xdts / sizeof *xdts); xi++)
             for (int aff = 0; aff < 4; aff++)
                 for (int pi = 0; pi < 2; pi++)
                     for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++) {
@@ -664,19 +666,19 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     static const struct {
         const char *name;
         int bulk, stages, ctas, grid, aligned, dyn, reread, ymis; /* ymis: y rows misaligned, x aligned */
-    } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0, 0},
-                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0, 0},
-                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0, 0},
-                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2, 0, 0},
-                {"bulk off, aligned fast form, re-read form wherever it exists", 0, 0, 0, 0, 2, 0, 2},
-                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0, 0, 1},
-                {"bulk forced, 3 stages", 2, 3, 0, 0, 0, 0, 1},
-                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0, 0, 1},
-                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1, 0, 1},
-                {"default policy, re-read form wherever rows allow", 1, 0, 0, 0, 2, 0, 2},
-                {"bulk forced, 2 stages, dynamic tiles", 2, 2, 0, 0, 0, 1, 1},
-                {"default policy, dynamic tiles", 1, 0, 0, 0, 1, 1, 1},
-                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1, 1},
+    } runs[] = {{"bulk off", 0, 0, 0, 0, 0, 0, 0, 0},
+                {"bulk off, persistent fast grid", 0, 0, 0, 1, 0, 0, 0, 0},
+                {"bulk off, one tile per CTA", 0, 0, 0, 2, 0, 0, 0, 0},
+                {"bulk off, aligned fast form wherever rows allow", 0, 0, 0, 0, 2, 0, 0, 0},
+                {"bulk off, aligned fast form, re-read form wherever it exists", 0, 0, 0, 0, 2, 0, 2, 0},
+                {"bulk forced, 2 stages, 1 CTA/SM", 2, 2, 1, 0, 0, 0, 1, 0},
+                {"bulk forced, 3 stages", 2, 3, 0, 0, 0, 0, 1, 0},
+                {"bulk forced, launcher's choice", 2, 0, 0, 0, 0, 0, 1, 0},
+                {"default policy (aligned fast form where it pays)", 1, 0, 0, 0, 1, 0, 1, 0},
+                {"default policy, re-read form wherever rows allow", 1, 0, 0, 0, 2, 0, 2, 0},
+                {"bulk forced, 2 stages, dynamic tiles", 2, 2, 0, 0, 0, 1, 1, 0},
+                {"default policy, dynamic tiles", 1, 0, 0, 0, 1, 1, 1, 0},
+                {"default policy, dynamic tiles again", 1, 0, 0, 0, 1, 1, 1, 0},
                 {"bulk forced, y misaligned", 2, 0, 0, 0, 0, 0, 1, 1},
                 {"default policy, y misaligned", 1, 0, 0, 0, 1, 0, 1, 1}};
     lnorm_cuda_ws *ws = NULL;
