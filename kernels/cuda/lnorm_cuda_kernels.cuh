@@ -420,25 +420,24 @@ __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[16 / sizeof(TX
 #ifndef LNORM_CUDA_PACK2
 #define LNORM_CUDA_PACK2 1
 #endif
+/* Two floats rounded to a 16-bit TX, a in the low half (the element at
+ * the lower address), b in the high half: one conversion instruction. */
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __nv_bfloat16)
+{
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t pack_pair(float a, float b, __half)
+{
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
 /* VEC floats -> raw chunk (each rounded to TX). */
 template <typename TX> __device__ __forceinline__ uint4 pack(const float (&f)[16 / sizeof(TX)])
 {
-    if constexpr (LNORM_CUDA_PACK2 && std::is_same<TX, __nv_bfloat16>::value) {
-        uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]); /* .x: element 2i (low half) */
-            w[i] = *reinterpret_cast<const uint32_t *>(&h);
-        }
-        return make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (LNORM_CUDA_PACK2 && std::is_same<TX, __half>::value) {
-        uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-            w[i] = *reinterpret_cast<const uint32_t *>(&h);
-        }
-        return make_uint4(w[0], w[1], w[2], w[3]);
+    if constexpr (LNORM_CUDA_PACK2 && sizeof(TX) == 2) {
+        return make_uint4(pack_pair(f[0], f[1], TX()), pack_pair(f[2], f[3], TX()), pack_pair(f[4], f[5], TX()),
+                          pack_pair(f[6], f[7], TX()));
     } else {
         Raw<TX> r;
 #pragma unroll
@@ -1637,13 +1636,8 @@ template <int TPR, int NCH, int CL = 1> struct BulkShape {
      * and a one-CTA tier of 1024 threads a row (one CTA an SM, whose
      * registers cannot hold the row). */
     static constexpr bool smr = LNORM__SMR(TPR, CL);
-    static constexpr int min_blocks = (smr && NCH <= 4)
-                                          ? 65536 / (block * LNORM_CUDA_CLU_REGS)
-                                          : (smr && LNORM_CUDA_CLU_REGS8 < 128)
-                                                ? (65536 / (block * LNORM_CUDA_CLU_REGS8) > 1
-                                                       ? 65536 / (block * LNORM_CUDA_CLU_REGS8)
-                                                       : 1)
-                                                : (65536 / (block * 128) > 1 ? 65536 / (block * 128) : 1);
+    static constexpr int regs = !smr ? 128 : NCH <= 4 ? LNORM_CUDA_CLU_REGS : LNORM_CUDA_CLU_REGS8;
+    static constexpr int min_blocks = 65536 / (block * regs) > 1 ? 65536 / (block * regs) : 1;
 };
 
 /* Copy bytes (a multiple of 16, both addresses 16-byte aligned) from global

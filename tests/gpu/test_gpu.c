@@ -370,9 +370,9 @@ static void sweep(lnorm_rng *g, int quick)
 /* k_fast (no residual) against the general kernel (the same rows with an
  * all-zero residual, so h = x + 0 = x): bit-identical y, mean and rstd for
  * every combination of gamma and beta (beta alone too), both ops, f32, bf16
- * and f16 x (f16 since session 15), parameters of x's dtype and f32, H with and without a masked
- * tail, aligned rows (the straight-line form where the policy takes it)
- * and padded ones (the general form). */
+ * and f16 x (f16 since session 15), parameters of x's dtype and f32, H
+ * with and without a masked tail, aligned rows (the straight-line form
+ * where the policy takes it) and padded ones (the general form). */
 static void fast_vs_general(lnorm_rng *g, int quick)
 {
     static const int64_t hs[] = {100, 1003, 1024, 4096};
