@@ -291,6 +291,19 @@ typedef struct lnorm__kparams {
     X(12, 256, 8, 8)     \
     X(13, 256, 8, 16)    \
     LNORM__TIER14(X)
+#elif LNORM_CUDA_TIERSET == 10
+/* Tier set 10 (A/B builds only, session 16): set 7 with the cluster tiers
+ * 11-14 as 512 x 8 over 2, 4, 8 and 16 CTAs: the same 64 KiB slice a CTA
+ * (so the same reductions per byte as set 7, unlike sets 3, 8 and 9), but
+ * half the threads, so that with LNORM_CUDA_CLU_REGS8=64 two CTAs, each
+ * with one stage (LNORM_CUDA_SMR_MIN_STAGES=1), share an SM and one
+ * CTA's reduction waits can overlap the other's passes. */
+#define LNORM__TIERS_CLU(X)  \
+    X(10, 1024, 4, 1)    \
+    X(11, 512, 8, 2)     \
+    X(12, 512, 8, 4)     \
+    X(13, 512, 8, 8)     \
+    X(14, 512, 8, 16)
 #elif LNORM_CUDA_TIERSET == 3
 /* Tier set 3 (the default of session 5): 512 x 4 CTAs in tiers 12-13. */
 #define LNORM__TIERS_CLU(X)  \
@@ -325,7 +338,7 @@ typedef struct lnorm__kparams {
     X(13, 256, 8, 16)    \
     X(14, 512, 8, 16)
 #else
-#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-9"
+#error "LNORM_CUDA_TIERSET: tier sets 0-3, 5-10"
 #endif
 
 /* The register tiers of 16-bit x and of f32 x: the same capacities (tier

@@ -2146,6 +2146,14 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
 #define LNORM_CUDA_SMR_STAGES 2
 #endif
 static_assert(LNORM_CUDA_SMR_STAGES >= 2 && LNORM_CUDA_SMR_STAGES <= LNORM__BULK_MAXST, "LNORM_CUDA_SMR_STAGES: 2-8");
+/* LNORM_CUDA_SMR_MIN_STAGES (A/B builds, default 2): the fewest stages an
+ * SMR CTA may take when that lets more CTAs share an SM; 1 lets two
+ * 512-thread CTAs of 64 KiB slices (tier set 10) run an SM with one stage
+ * each, the other CTA's row in flight instead of a second stage. */
+#ifndef LNORM_CUDA_SMR_MIN_STAGES
+#define LNORM_CUDA_SMR_MIN_STAGES 2
+#endif
+static_assert(LNORM_CUDA_SMR_MIN_STAGES >= 1 && LNORM_CUDA_SMR_MIN_STAGES <= 2, "LNORM_CUDA_SMR_MIN_STAGES: 1 or 2");
 #define LNORM__BULK_SMEM_SM (227 * 1024) /* shared memory of an sm_90 SM that CTAs may use */
 
 
@@ -2211,7 +2219,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         int64_t s = per / stage_bytes;
         if (s > max_st)
             s = max_st;
-        if (s >= 2) {
+        if (s >= (SMR && n > 1 ? LNORM_CUDA_SMR_MIN_STAGES : 2)) {
             stages = (int)s;
             break;
         }
