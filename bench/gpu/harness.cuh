@@ -3,7 +3,8 @@
  * bench/gpu/xchg.cu): they include the kernel header directly, so they
  * define the tuning knobs and counters that kernels/cuda/lnorm_cuda_run.c
  * defines for the library (the same names, at the library's plain
- * defaults), and a CUDA error check that exits.
+ * defaults), and a CUDA error check that exits. (Their cluster launches
+ * take cluster_config() from the kernel header.)
  */
 #ifndef LNORM_BENCH_GPU_HARNESS_CUH
 #define LNORM_BENCH_GPU_HARNESS_CUH
@@ -37,22 +38,5 @@ long lnorm__dyn_launches = 0;
             exit(1);                                                                             \
         }                                                                                        \
     } while (0)
-
-/* A launch configuration for clusters of cl CTAs of `block` threads
- * (cudaLaunchKernelEx); *at holds its one attribute. */
-static inline cudaLaunchConfig_t cluster_config(int cl, dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *at)
-{
-    cudaLaunchConfig_t cfg = {};
-    at->id = cudaLaunchAttributeClusterDimension;
-    at->val.clusterDim.x = (unsigned)cl;
-    at->val.clusterDim.y = 1;
-    at->val.clusterDim.z = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cfg;
-}
 
 #endif

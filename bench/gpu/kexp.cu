@@ -396,7 +396,7 @@ template <typename T, bool RMS, int TPR, int NCH, int CL> static void run_xc(Ctx
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, kern));
     cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL * c.sms, 1, 1), dim3(TPR, 1, 1), 0, at);
+    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL * c.sms, 1, 1), dim3(TPR, 1, 1), 0, 0, at);
     int ncl = 0;
     CK(cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg));
     const int64_t grids[2] = {c.N, ncl};

@@ -286,7 +286,7 @@ template <int CL> static void run_k(void (*kern)(int, float *), const char *form
         CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL), dim3(1024), SMEM, at);
+    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL), dim3(1024), SMEM, 0, at);
     int ncl = 0;
     CK(cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg));
     cfg.gridDim = dim3(ncl * CL);

@@ -954,6 +954,26 @@ __global__ void __launch_bounds__(1024, 1) k_stream(const __grid_constant__ lnor
     }
 }
 
+/* A launch configuration for clusters of cl CTAs of `block` threads on
+ * stream st (cudaLaunchKernelEx); *at holds its one attribute, so it must
+ * outlive the launch. Also used by the experiments in bench/gpu/. */
+static inline cudaLaunchConfig_t cluster_config(int cl, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                                cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = (unsigned)cl;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* The current device and its number of SMs. */
 static cudaError_t device_sms(int *dev, int *sms)
 {
@@ -1004,17 +1024,8 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
         kern<<<grid, BLOCK, 0, st>>>(*p);
         return cudaGetLastError();
     } else {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = CL;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.blockDim = dim3(BLOCK, 1, 1);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL * sms, 1, 1), dim3(BLOCK, 1, 1), 0, st, &at);
         int ncl = dev < 64 ? cache[dev] : 0;
         if (ncl <= 0) {
             if (CL > 8) {
@@ -1022,7 +1033,6 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
                 if (e != cudaSuccess)
                     return e;
             }
-            cfg.gridDim = dim3(CL * sms, 1, 1);
             e = cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg);
             if (e != cudaSuccess)
                 return e;
@@ -2141,7 +2151,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
  * 3678 / 3362 / 2957), one-CTA tier 10 LayerNorm +1..+3%, RMSNorm
  * +0.3..+2.7%. One row in flight behind the one being normalized is
  * enough for these kernels; a second one made them slower, the more so
- * the larger the cluster (docs/gpu.md, session 11). */
+ * the larger the cluster (docs/gpu-log.md, session 11). */
 #ifndef LNORM_CUDA_SMR_STAGES
 #define LNORM_CUDA_SMR_STAGES 2
 #endif
@@ -2241,18 +2251,8 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         kern<<<grid, BLOCK, smem, st>>>(*p, stages);
         return cudaGetLastError();
     } else {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = CL;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.blockDim = dim3(BLOCK, 1, 1);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        cfg.gridDim = dim3(CL * sms, 1, 1);
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL * sms, 1, 1), dim3(BLOCK, 1, 1), smem, st, &at);
         int ncl = 0;
         e = cudaOccupancyMaxActiveClusters(&ncl, kern, &cfg);
         if (e != cudaSuccess || ncl < 1) {
