@@ -28,6 +28,12 @@ typedef struct lnorm__limits {
  * the schema, skipped by every reader. */
 #define LNORM__PAD_FIELD 2047u
 
+/* A request may carry at most this many fields that are not in the schema
+ * (in the Request and its sub-messages), of at most this many encoded bytes
+ * in all; more is INVALID_ARGUMENT (docs/protocol.md). */
+#define LNORM__MAX_UNKNOWN_FIELDS 16u
+#define LNORM__MAX_UNKNOWN_BYTES 4096u
+
 /* lnorm__decoded.borrowed */
 #define LNORM__BORROWED_X 1
 #define LNORM__BORROWED_RESIDUAL 2

@@ -124,7 +124,7 @@ static int lnorm__key_set(lnorm__config *cfg, const lnorm__key *k, const char *v
         if (!*val || *val == '-')
             goto bad;
         errno = 0;
-        unsigned long long v = strtoull(val, &end, 0);
+        unsigned long long v = strtoull(val, &end, 10); /* decimal: "010" is ten */
         if (errno || *end)
             goto bad;
         if (v < k->min || v > k->max) {
@@ -214,6 +214,13 @@ static int lnorm__config_file(lnorm__config *cfg, const char *path, char *err, s
     int lineno = 0, rc = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
+        size_t ln = strlen(line);
+        if (ln == sizeof line - 1 && line[ln - 1] != '\n') {
+            /* never split a line: its rest would read as a line of its own */
+            snprintf(err, errlen, "config %s:%d: line longer than %zu bytes", path, lineno, sizeof line - 2);
+            rc = -1;
+            break;
+        }
         char *s = lnorm__trim(line);
         if (!*s || *s == '#')
             continue;
@@ -242,12 +249,15 @@ static int lnorm__config_file(lnorm__config *cfg, const char *path, char *err, s
     return rc;
 }
 
-int lnorm__config_reload(const char *path, lnorm__config *out, char *errbuf, size_t errlen)
+int lnorm__config_reload(int argc, char **argv, lnorm__config *out, char *errbuf, size_t errlen)
 {
-    lnorm__config_defaults(out);
-    if (lnorm__config_file(out, path, errbuf, errlen) != 0)
+    int rc = lnorm__config_from_args(out, argc, argv, errbuf, errlen);
+    if (rc < 0)
         return -1;
-    strcpy(out->config_file, path);
+    if (rc != LNORM__CFG_RUN) { /* cannot be: the daemon started with these flags */
+        snprintf(errbuf, errlen, "the command line no longer starts the daemon");
+        return -1;
+    }
     return 0;
 }
 
@@ -367,7 +377,7 @@ void lnorm__config_usage(FILE *f, const char *prog)
     }
     fprintf(f, "  %-28s %s\n  %-28s %s\n", "--help", "this text", "--version", "print the version");
     fprintf(f, "\nSignals: SIGINT/SIGTERM drain and exit 0; SIGHUP reloads log-level, max-queue-delay-us,\n"
-               "max-batch-rows, max-batch-bytes and max-queue from the config file.\n"
+               "max-batch-rows, max-batch-bytes and max-queue from the config file (flags still override it).\n"
                "A bad option or config file exits with status 2.\n");
 }
 

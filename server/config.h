@@ -55,9 +55,11 @@ enum { LNORM__CFG_RUN = 0, LNORM__CFG_HELP = 1, LNORM__CFG_VERSION = 2 };
  * LNORM__CFG_RUN/HELP/VERSION, or -1 after writing a message to errbuf. */
 int lnorm__config_from_args(lnorm__config *cfg, int argc, char **argv, char *errbuf, size_t errlen);
 
-/* Re-read the config file (SIGHUP) into *out, starting from defaults; the
- * caller picks the keys that can change at run time. 0 or -1 (errbuf). */
-int lnorm__config_reload(const char *path, lnorm__config *out, char *errbuf, size_t errlen);
+/* The configuration again (SIGHUP) into *out, as at start: defaults, the
+ * config file read anew, then the same flags, so that a flag still
+ * overrides the file; the caller picks the keys that can change at run
+ * time. 0 or -1 (errbuf). */
+int lnorm__config_reload(int argc, char **argv, lnorm__config *out, char *errbuf, size_t errlen);
 
 /* --help text: every key with its bounds, default and help. */
 void lnorm__config_usage(FILE *f, const char *prog);

@@ -17,6 +17,8 @@
 
 typedef struct lnorm__daemon {
     lnorm__config cfg;
+    int argc;                      /* the command line, for SIGHUP's reload */
+    char **argv;
     lnorm__limits lim;
     uv_loop_t loop;
     uv_signal_t sig_int, sig_term, sig_hup;

@@ -48,14 +48,23 @@ static void lnorm__obuf_free(lnorm__daemon *d, void *p)
         free(p);
 }
 
-/* Send a packed reply (or nothing on OOM) and account for it. */
-static void lnorm__send(lnorm__daemon *d, void *slot, int code, nng_msg *m)
+/* Send the reply m to request id and account for it. m is NULL when the
+ * reply could not be packed (out of memory, as a rule for a large one): a
+ * short RESOURCE_EXHAUSTED reply goes instead, so that the client hears
+ * of it rather than waiting for its timeout; nothing goes only when even
+ * that cannot be allocated. */
+static void lnorm__send(lnorm__daemon *d, void *slot, uint64_t id, int code, nng_msg *m)
 {
+    if (!m) {
+        code = lnorm_err_to_status(LNORM_ENOMEM);
+        if (lnorm__codec_pack_error(id, LNORM_ENOMEM, "out of memory encoding the reply", &m) != LNORM_OK)
+            m = NULL;
+    }
     lnorm__stats_reply(&d->stats, code);
     if (m)
         atomic_fetch_add(&d->stats.bytes_out, nng_msg_len(m));
     else
-        LOG_ERROR("out of memory packing a reply; request dropped");
+        LOG_ERROR("request %llu: out of memory for any reply; request dropped", (unsigned long long)id);
     atomic_fetch_sub(&d->stats.inflight, 1);
     lnorm__transport_reply(slot, m);
 }
@@ -65,7 +74,7 @@ static void lnorm__reply_error(lnorm__daemon *d, void *slot, uint64_t id, int er
     nng_msg *m = NULL;
     LOG_DEBUG("request %llu: %s: %s", (unsigned long long)id, lnorm_errname(err), msg ? msg : "");
     lnorm__codec_pack_error(id, err, msg, &m);
-    lnorm__send(d, slot, lnorm_err_to_status(err), m);
+    lnorm__send(d, slot, id, lnorm_err_to_status(err), m);
 }
 
 static void lnorm__reply_body(lnorm__daemon *d, void *slot, Lnorm__V1__Response *r)
@@ -74,7 +83,7 @@ static void lnorm__reply_body(lnorm__daemon *d, void *slot, Lnorm__V1__Response 
     r->status = &st;
     nng_msg *m = NULL;
     lnorm__codec_pack(r, &m);
-    lnorm__send(d, slot, 0, m);
+    lnorm__send(d, slot, r->request_id, 0, m);
 }
 
 static void lnorm__req_free(lnorm__daemon *d, lnorm__req *r)
@@ -124,6 +133,7 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     lim.max_batch_bytes = d->cfg.max_batch_bytes;
     lim.max_queue_requests = d->cfg.max_queue;
     lim.max_params_bytes = d->cfg.max_params_bytes;
+    lim.max_inflight_bytes = d->cfg.max_inflight_bytes;
     info.limits = &lim;
     r.request_id = id;
     r.body_case = LNORM__V1__RESPONSE__BODY_INFO;
@@ -235,9 +245,10 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
     }
     if (rc != LNORM_OK) {
         nng_msg *m = NULL;
-        lnorm__codec_pack_error(r->dec.request_id, rc, err, &m);
+        uint64_t id = r->dec.request_id;
+        lnorm__codec_pack_error(id, rc, err, &m);
         lnorm__req_free(d, r);
-        lnorm__send(d, slot, lnorm_err_to_status(rc), m);
+        lnorm__send(d, slot, id, lnorm_err_to_status(rc), m);
     }
 }
 
@@ -342,11 +353,12 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
     if (err != LNORM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
-        lnorm__codec_pack_error(r->dec.request_id, err, msg, &m);
+        uint64_t id = r->dec.request_id;
+        lnorm__codec_pack_error(id, err, msg, &m);
         /* Resources go back before the reply leaves, so that a client
          * that has its reply sees them released (metrics, params). */
         lnorm__req_free(d, r);
-        lnorm__send(d, slot, lnorm_err_to_status(err), m);
+        lnorm__send(d, slot, id, lnorm_err_to_status(err), m);
         return;
     }
     Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
@@ -372,9 +384,9 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
         lnorm__req_free(d, r);
         if (rc != LNORM_OK) {
             lnorm__codec_pack_error(id, rc, "could not encode the reply", &m);
-            lnorm__send(d, slot, lnorm_err_to_status(rc), m);
+            lnorm__send(d, slot, id, lnorm_err_to_status(rc), m);
         } else {
-            lnorm__send(d, slot, 0, m);
+            lnorm__send(d, slot, id, 0, m);
         }
         return;
     }
@@ -396,10 +408,10 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
     resp.timings = &tm;
     resp.body_case = LNORM__V1__RESPONSE__BODY_NORMALIZE;
     resp.normalize = &body;
-    atomic_fetch_add(&d->stats.normalize_ok, 1);
     Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
     resp.status = &st;
-    lnorm__codec_pack(&resp, &m);
+    if (lnorm__codec_pack(&resp, &m) == LNORM_OK)
+        atomic_fetch_add(&d->stats.normalize_ok, 1);
     lnorm__req_free(d, r);
-    lnorm__send(d, slot, 0, m);
+    lnorm__send(d, slot, resp.request_id, 0, m);
 }

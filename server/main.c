@@ -159,7 +159,7 @@ static void lnorm__on_signal(uv_signal_t *h, int signum)
         char err[512];
         if (!nc)
             return;
-        if (lnorm__config_reload(d->cfg.config_file, nc, err, sizeof err) != 0) {
+        if (lnorm__config_reload(d->argc, d->argv, nc, err, sizeof err) != 0) {
             LOG_ERROR("SIGHUP: reload failed, keeping the running configuration: %s", err);
             free(nc);
             return;
@@ -265,6 +265,8 @@ int main(int argc, char **argv)
     lnorm__malloc_setup();
     lnorm__daemon *d = &daemon_obj;
     char err[1024];
+    d->argc = argc;
+    d->argv = argv;
     int rc = lnorm__config_from_args(&d->cfg, argc, argv, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "lnormd: %s\n", err);
@@ -338,6 +340,13 @@ int main(int argc, char **argv)
     LOG_INFO("lnormd %s serving on the %s backend (%d contexts, max-batch-rows %llu, max-queue-delay-us %llu)",
              LNORM_VERSION, d->be->ops->name, (int)d->cfg.contexts, (unsigned long long)d->cfg.max_batch_rows,
              (unsigned long long)d->cfg.max_queue_delay_us);
+    /* A request within max-message-bytes can need three times as much
+     * (16-bit x with f32 y): below that, some such requests are always
+     * refused. Allowed (a deliberate cap), but said. */
+    if (d->cfg.max_inflight_bytes / 3 < d->cfg.max_message_bytes)
+        LOG_WARN("max-inflight-bytes %llu is under 3 x max-message-bytes (%llu): some requests within "
+                 "max-message-bytes need more and will always get RESOURCE_EXHAUSTED",
+                 (unsigned long long)d->cfg.max_inflight_bytes, (unsigned long long)d->cfg.max_message_bytes);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     loop_ran = 1;
     exit_code = 0;

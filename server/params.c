@@ -5,11 +5,19 @@
 
 #include "params.h"
 
-#define LNORM__PBUCKETS 256
+/* The table starts with this many chains and doubles whenever the sets
+ * outnumber its chains twice over, so a lookup under the lock stays short
+ * however many sets are registered. */
+#define LNORM__PBUCKETS0 256
+
+_Static_assert(sizeof(lnorm__pset) + 48 <= LNORM__PSET_OVERHEAD,
+               "LNORM__PSET_OVERHEAD must cover a set's struct and its allocations' headers");
 
 struct lnorm__params {
     pthread_mutex_t mu;
-    lnorm__pset *buckets[LNORM__PBUCKETS];
+    lnorm__pset **buckets;
+    size_t nbuckets;       /* a power of two */
+    size_t count;          /* sets in the table */
     uint64_t max_bytes;
     uint64_t used_bytes;   /* includes dropped sets still referenced */
     lnorm__backend *be;
@@ -21,7 +29,30 @@ static unsigned lnorm__hash(const char *s)
     unsigned h = 2166136261u;
     while (*s)
         h = (h ^ (unsigned char)*s++) * 16777619u;
-    return h % LNORM__PBUCKETS;
+    return h;
+}
+
+/* Twice the chains, every set moved; called with the lock held. A failed
+ * allocation leaves the table as it was (longer chains, still correct). */
+static void lnorm__grow_locked(lnorm__params *p)
+{
+    size_t n = p->nbuckets * 2;
+    lnorm__pset **nb = calloc(n, sizeof *nb);
+    if (!nb)
+        return;
+    for (size_t i = 0; i < p->nbuckets; i++) {
+        lnorm__pset *ps = p->buckets[i];
+        while (ps) {
+            lnorm__pset *next = ps->next;
+            lnorm__pset **b = &nb[lnorm__hash(ps->id) & (n - 1)];
+            ps->next = *b;
+            *b = ps;
+            ps = next;
+        }
+    }
+    free(p->buckets);
+    p->buckets = nb;
+    p->nbuckets = n;
 }
 
 static void *lnorm__pbuf_alloc(lnorm__params *p, size_t n)
@@ -44,6 +75,11 @@ int lnorm__params_create(lnorm__params **out, uint64_t max_bytes, lnorm__backend
     lnorm__params *p = calloc(1, sizeof *p);
     if (!p)
         return LNORM_ENOMEM;
+    p->nbuckets = LNORM__PBUCKETS0;
+    if (!(p->buckets = calloc(p->nbuckets, sizeof *p->buckets))) {
+        free(p);
+        return LNORM_ENOMEM;
+    }
     pthread_mutex_init(&p->mu, NULL);
     p->max_bytes = max_bytes;
     p->be = be;
@@ -67,7 +103,7 @@ void lnorm__params_destroy(lnorm__params *p)
 {
     if (!p)
         return;
-    for (int i = 0; i < LNORM__PBUCKETS; i++) {
+    for (size_t i = 0; i < p->nbuckets; i++) {
         lnorm__pset *ps = p->buckets[i];
         while (ps) {
             lnorm__pset *next = ps->next;
@@ -76,12 +112,13 @@ void lnorm__params_destroy(lnorm__params *p)
         }
     }
     pthread_mutex_destroy(&p->mu);
+    free(p->buckets);
     free(p);
 }
 
 static lnorm__pset **lnorm__find_locked(lnorm__params *p, const char *id)
 {
-    lnorm__pset **pp = &p->buckets[lnorm__hash(id)];
+    lnorm__pset **pp = &p->buckets[lnorm__hash(id) & (p->nbuckets - 1)];
     while (*pp && strcmp((*pp)->id, id) != 0)
         pp = &(*pp)->next;
     return pp;
@@ -93,7 +130,10 @@ int lnorm__params_register(lnorm__params *p, const char *id, int dtype, uint64_t
     size_t idlen = strlen(id);
     if (idlen == 0 || idlen > 128)
         return LNORM_EINVAL;
-    size_t total = glen + blen;
+    /* Charged: the bytes of gamma and beta and a set's bookkeeping, so
+     * that max-params-bytes bounds what the registry holds, also for
+     * many tiny sets. */
+    size_t total = glen + blen + LNORM__PSET_OVERHEAD;
     lnorm__pset *ps = calloc(1, sizeof *ps);
     if (!ps)
         return LNORM_ENOMEM;
@@ -143,6 +183,8 @@ int lnorm__params_register(lnorm__params *p, const char *id, int dtype, uint64_t
         return rc;
     }
     *slot = ps;
+    if (++p->count > 2 * p->nbuckets)
+        lnorm__grow_locked(p);
     atomic_fetch_add(&p->st->params_bytes, (int_fast64_t)total);
     atomic_fetch_add(&p->st->params_count, 1);
     pthread_mutex_unlock(&p->mu);
@@ -160,6 +202,7 @@ int lnorm__params_drop(lnorm__params *p, const char *id)
     }
     *slot = ps->next;
     ps->next = NULL;
+    p->count--;
     atomic_fetch_sub(&p->st->params_count, 1);
     if (--ps->refs == 0)
         lnorm__pset_free_locked(ps);

@@ -16,6 +16,11 @@
 typedef struct lnorm__params lnorm__params;
 
 /* One registered parameter set (read-only once registered). */
+/* What max-params-bytes charges a registered set beyond its gamma and beta
+ * bytes: its struct and the allocators' headers (the gauge
+ * lnormd_params_bytes counts the same). */
+#define LNORM__PSET_OVERHEAD 256u
+
 typedef struct lnorm__pset {
     struct lnorm__pset *next;   /* hash chain */
     lnorm__params *reg;

@@ -579,11 +579,11 @@ static int cmd_info(int argc, char **argv)
         printf("device %u: %s %s, %llu bytes\n", in.devices[i].index, in.devices[i].backend,
                in.devices[i].name, (unsigned long long)in.devices[i].memory_bytes);
     printf("max_message_bytes: %llu\nmax_rows: %llu\nmax_hidden: %llu\nmax_batch_rows: %llu\n"
-           "max_batch_bytes: %llu\nmax_queue_requests: %llu\nmax_params_bytes: %llu\n",
+           "max_batch_bytes: %llu\nmax_queue_requests: %llu\nmax_params_bytes: %llu\nmax_inflight_bytes: %llu\n",
            (unsigned long long)in.max_message_bytes, (unsigned long long)in.max_rows,
            (unsigned long long)in.max_hidden, (unsigned long long)in.max_batch_rows,
            (unsigned long long)in.max_batch_bytes, (unsigned long long)in.max_queue_requests,
-           (unsigned long long)in.max_params_bytes);
+           (unsigned long long)in.max_params_bytes, (unsigned long long)in.max_inflight_bytes);
     return 0;
 }
 

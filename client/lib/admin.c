@@ -75,6 +75,7 @@ static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *res
             o->max_batch_bytes = in->limits->max_batch_bytes;
             o->max_queue_requests = in->limits->max_queue_requests;
             o->max_params_bytes = in->limits->max_params_bytes;
+            o->max_inflight_bytes = in->limits->max_inflight_bytes;
         }
         lnorm__v1__info_response__free_unpacked(in, NULL);
         return LNORM_OK;

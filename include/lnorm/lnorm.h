@@ -237,6 +237,7 @@ typedef struct lnorm_server_info {
     uint64_t max_batch_bytes;
     uint64_t max_queue_requests;
     uint64_t max_params_bytes;
+    uint64_t max_inflight_bytes; /* inputs + outputs of all requests the server holds */
 } lnorm_server_info;
 
 /* Fill *info with a server's description. */

@@ -213,6 +213,95 @@ int main(void)
         free(b);
     }
 
+    /* Fields outside the schema: a few are skipped (liblnorm's padding, a
+     * newer client's fields), many or large ones are refused before
+     * protobuf-c would copy each; in sub-messages too. */
+    {
+        /* (protobuf-c packs an unknown field as its key, then data as
+         * is: for a length-delimited one, the length's varint and the
+         * bytes.) */
+        ProtobufCMessageUnknownField uf[LNORM__MAX_UNKNOWN_FIELDS + 1];
+        static uint8_t empty[1] = {0}, big[2 + LNORM__MAX_UNKNOWN_BYTES];
+        memset(big, 0x5a, sizeof big);
+        for (size_t i = 0; i < sizeof uf / sizeof uf[0]; i++) {
+            uf[i].tag = 2000 + (uint32_t)i;
+            uf[i].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+            uf[i].len = 1;
+            uf[i].data = empty;
+        }
+        /* 16 empty ones (3 bytes each), at the top: accepted, same request. */
+        mkreq(&q, &rng);
+        q.r.base.n_unknown_fields = LNORM__MAX_UNKNOWN_FIELDS;
+        q.r.base.unknown_fields = uf;
+        rc = decode(&q.r, &d, err, sizeof err);
+        CHECK(rc == LNORM_OK && d.seg.rows == 4 && d.seg.x && !memcmp(d.seg.x, q.x, sizeof q.x),
+              "16 unknown fields: %d %s", rc, err);
+        lnorm__codec_decoded_free(&d);
+        /* 17: refused, the id recovered. */
+        q.r.base.n_unknown_fields = LNORM__MAX_UNKNOWN_FIELDS + 1;
+        expect_err(&q, LNORM_EINVAL, "not in the lnorm.v1 schema", "17 unknown fields");
+        /* 17 split between Request, NormalizeRequest and Affine. */
+        mkreq(&q, &rng);
+        q.r.base.n_unknown_fields = 6;
+        q.r.base.unknown_fields = uf;
+        q.n.base.n_unknown_fields = 6;
+        q.n.base.unknown_fields = uf + 6;
+        q.a.base.n_unknown_fields = 5;
+        q.a.base.unknown_fields = uf + 12;
+        expect_err(&q, LNORM_EINVAL, "not in the lnorm.v1 schema", "17 unknown fields, nested");
+        q.a.base.n_unknown_fields = 4;
+        CHECK(decode(&q.r, &d, err, sizeof err) == LNORM_OK, "16 unknown fields, nested: %s", err);
+        lnorm__codec_decoded_free(&d);
+        /* One unknown field of 4096 bytes in all (a 2-byte key, a 2-byte
+         * length, 4092 bytes), then one byte more. */
+        mkreq(&q, &rng);
+        size_t payload = LNORM__MAX_UNKNOWN_BYTES - 4;
+        big[0] = (uint8_t)(0x80 | (payload & 0x7f));
+        big[1] = (uint8_t)(payload >> 7);
+        uf[0].len = 2 + payload;
+        uf[0].data = big;
+        q.n.base.n_unknown_fields = 1;
+        q.n.base.unknown_fields = uf;
+        CHECK(decode(&q.r, &d, err, sizeof err) == LNORM_OK, "unknown field of 4096 bytes: %s", err);
+        lnorm__codec_decoded_free(&d);
+        payload++;
+        big[0] = (uint8_t)(0x80 | (payload & 0x7f));
+        big[1] = (uint8_t)(payload >> 7);
+        uf[0].len = 2 + payload;
+        expect_err(&q, LNORM_EINVAL, "not in the lnorm.v1 schema", "unknown field of 4097 bytes");
+        uf[0].len = 1;
+        uf[0].data = empty;
+    }
+
+    /* A string with a NUL byte (a C string would end there): refused,
+     * never read as a shorter id or as no id. */
+    {
+        static const char *const ids[] = {"\001abc", "abc\001def", "abc\001"};
+        for (int i = 0; i < 3; i++) {
+            char id[16];
+            strcpy(id, ids[i]);
+            mkreq(&q, &rng);
+            q.a.gamma.len = q.a.beta.len = 0;
+            q.a.dtype = 0;
+            q.a.params_id = id;
+            size_t n;
+            uint8_t *b = pack(&q.r, &n);
+            /* the id's bytes in the message; its 0x01 becomes 0x00 */
+            size_t il = strlen(id), at = n;
+            for (size_t o = 0; o + il <= n && at == n; o++)
+                if (!memcmp(b + o, id, il))
+                    at = o;
+            CHECK(at < n, "NUL id %d: id not found in the message", i);
+            if (at < n)
+                b[at + (size_t)(strchr(id, 0x01) - id)] = 0;
+            rc = lnorm__codec_decode_request(b, n, &lim, NULL, &d, err, sizeof err);
+            CHECK(rc == LNORM_EINVAL && strstr(err, "Affine.params_id") && strstr(err, "NUL") && d.request_id == 12345,
+                  "NUL id %d: %d %s", i, rc, err);
+            lnorm__codec_decoded_free(&d);
+            free(b);
+        }
+    }
+
     /* RegisterParams / DropParams / Health / Info / no body. */
     Lnorm__V1__Request r = LNORM__V1__REQUEST__INIT;
     Lnorm__V1__RegisterParamsRequest rp = LNORM__V1__REGISTER_PARAMS_REQUEST__INIT;

@@ -713,7 +713,8 @@ static void test_params(void)
     TS_CHECK(code_free(reg(s, "bad", LNORM_DTYPE_F32, 1000, tc.gamma, 12, NULL, 0)) == 3, "bad gamma size");
     TS_CHECK(code_free(reg(s, "", LNORM_DTYPE_F32, 1000, tc.gamma, pb, NULL, 0)) == 3, "empty id");
     TS_CHECK(code_free(reg(s, "x", 5, 1000, tc.gamma, pb, NULL, 0)) == 3, "unknown dtype");
-    TS_CHECK(ts_metric(d.http, "lnormd_params_bytes") == 8000, "params bytes gauge");
+    /* gamma + beta of 4000 bytes each, and 256 bytes of bookkeeping (docs/protocol.md) */
+    TS_CHECK(ts_metric(d.http, "lnormd_params_bytes") == 8000 + 256, "params bytes gauge");
 
     /* By id == inline, bit for bit, and both right. */
     ts_norm byid, inl;
@@ -825,7 +826,8 @@ static void test_params_drop_inflight(void)
 
 static void test_health_info(void)
 {
-    static const char *const args[] = {"--max-rows", "777", "--max-batch-rows", "333", "--max-queue", "55", NULL};
+    static const char *const args[] = {"--max-rows",  "777", "--max-batch-rows",     "333",
+                                       "--max-queue", "55",  "--max-inflight-bytes", "123456789", NULL};
     ts_daemon d;
     if (ts_start(&d, lnormd, args) != 0) {
         ts_failures++;
@@ -859,7 +861,7 @@ static void test_health_info(void)
         TS_CHECK(in->n_backends >= 1 && !strcmp(in->backends[0], "cpu"), "backends (no GPU here: cpu)");
         TS_CHECK(in->n_devices >= 1 && !strcmp(in->devices[0]->backend, "cpu"), "devices");
         TS_CHECK(in->limits && in->limits->max_rows == 777 && in->limits->max_batch_rows == 333 &&
-                     in->limits->max_queue_requests == 55,
+                     in->limits->max_queue_requests == 55 && in->limits->max_inflight_bytes == 123456789,
                  "limits as configured");
     }
     code_free(r);
@@ -920,6 +922,7 @@ static void test_config(void)
         {"--max-rows", "0", NULL},
         {"--max-rows", "abc", NULL},
         {"--max-rows", "-5", NULL},
+        {"--max-rows", "0x10", NULL}, /* numbers are decimal */
         {"--log-level", "loud", NULL},
         {"--backend", "tpu", NULL},
         {"--max-rows", NULL},
@@ -951,10 +954,19 @@ static void test_config(void)
     fprintf(f, "max-rows = many\n");
     fclose(f);
     TS_CHECK(ts_run(lnormd, a1, out, sizeof out) == 2 && strstr(out, "max-rows"), "bad value: %s", out);
+    /* A line too long for the reader is an error, never read in two parts
+     * (the tail here would be a valid setting). */
+    f = fopen(path, "w");
+    fputc('#', f);
+    for (int i = 0; i < 5000; i++)
+        fputc('x', f);
+    fprintf(f, " max-rows = 7\n");
+    fclose(f);
+    TS_CHECK(ts_run(lnormd, a1, out, sizeof out) == 2 && strstr(out, "line longer than"), "long line: %s", out);
     f = fopen(path, "w");
     fprintf(f, "# lnormd test config\nmax-rows = 10\nmax-hidden = 2048\n\nlog-level = warn\n");
     fclose(f);
-    const char *a2[] = {"--config", path, "--max-rows", "20", NULL};
+    const char *a2[] = {"--config", path, "--max-rows", "020", "--max-batch-rows", "16", NULL};
     ts_daemon d;
     if (ts_start(&d, lnormd, a2) == 0) {
         nng_socket s;
@@ -965,8 +977,8 @@ static void test_config(void)
             req.info = &ir;
             Lnorm__V1__Response *r = ts_call(s, &req);
             TS_CHECK(r && r->body_case == LNORM__V1__RESPONSE__BODY_INFO && r->info->limits->max_rows == 20 &&
-                         r->info->limits->max_hidden == 2048,
-                     "file + flag override");
+                         r->info->limits->max_hidden == 2048 && r->info->limits->max_batch_rows == 16,
+                     "file + flag override (020 read as twenty)");
             code_free(r);
             /* SIGHUP with the file changed: the daemon keeps serving. */
             f = fopen(path, "w");
@@ -974,6 +986,8 @@ static void test_config(void)
             fclose(f);
             ts_signal(&d, SIGHUP);
             TS_CHECK(wait_log(&d, "SIGHUP: reloaded") && wait_log(&d, "max-queue-delay-us 1000"), "SIGHUP reload logged");
+            /* the flag --max-batch-rows 16 still overrides the file's default */
+            TS_CHECK(wait_log(&d, "max-queue-delay-us 1000, max-batch-rows 16,"), "SIGHUP keeps the command line's flags");
             r = ts_call(s, &req);
             TS_CHECK(r && ts_code(r) == 0, "serving after SIGHUP");
             code_free(r);
