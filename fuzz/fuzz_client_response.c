@@ -14,6 +14,9 @@
  *   h[1]: bit 0 RMSNorm, bit 1 want stats, bit 2 residual, bit 3 y = f32,
  *         bit 4 one row per chunk (several chunks, each answered the same)
  *   h[2] % 3: x dtype f32, f16, bf16;  h[3] % 16 + 1: rows;  h[4] % 64 + 1: hidden
+ *   h[5]: bit 0 clear: the REP side appends the request's own request_id
+ *         (field 1, which wins over any earlier one), so that replies reach
+ *         "take"; set: the reply bytes as they are (the id check)
  * fuzz/gen_corpus.c writes seeds in this format.
  */
 #include <stdint.h>
@@ -33,6 +36,7 @@ static nng_socket g_rep;
 static nng_mtx *g_mu;
 static uint8_t *g_reply;
 static size_t g_reply_len;
+static int g_echo_id;
 static lnorm_client *g_client[2]; /* [0] one chunk per call, [1] one row per chunk */
 
 /* The REP side: answer every request with the current reply bytes. */
@@ -43,9 +47,24 @@ static void server_main(void *arg)
         nng_msg *req;
         if (nng_recvmsg(g_rep, &req, 0) != 0)
             return;
+        /* liblnorm writes request_id first (field 1, a varint) */
+        uint8_t idf[11];
+        size_t idn = 0;
+        const uint8_t *b = nng_msg_body(req);
+        size_t bl = nng_msg_len(req);
+        if (bl >= 2 && b[0] == 0x08) {
+            idf[idn++] = 0x08;
+            for (size_t k = 1; k < bl && idn < sizeof idf; k++) {
+                idf[idn++] = b[k];
+                if (!(b[k] & 0x80))
+                    break;
+            }
+        }
         nng_msg_clear(req); /* keep the header (the REQ routing id) */
         nng_mtx_lock(g_mu);
         int rv = nng_msg_append(req, g_reply, g_reply_len);
+        if (rv == 0 && g_echo_id && idn)
+            rv = nng_msg_append(req, idf, idn);
         nng_mtx_unlock(g_mu);
         if (rv != 0 || nng_sendmsg(g_rep, req, 0) != 0)
             nng_msg_free(req);
@@ -147,6 +166,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     g_reply_len = size - 6;
     g_reply = xbuf(g_reply_len);
     memcpy(g_reply, data + 6, g_reply_len);
+    g_echo_id = !(h[5] & 1);
     nng_mtx_unlock(g_mu);
 
     lnorm_client *c = g_client[(h[1] >> 4) & 1];

@@ -8,6 +8,7 @@
 
 #include "codec.h"
 #include "lnorm/errors.h"
+#include "lnorm_scan.h"
 #include "lnorm_wire.h"
 
 static int lnorm__fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -338,60 +339,23 @@ static int lnorm__unpack(const uint8_t *buf, size_t len, ProtobufCAllocator *all
 
 /* ---- the scan: what protobuf-c would keep beyond the schema ---- */
 
-/* protobuf-c keeps every field it does not know (in unknown_fields: a struct
- * and a copy of the bytes each), so a message of many tiny unknown fields
- * would cost some 30 times its size to decode, charged nowhere; and its
- * strings are C strings, cut at the first NUL byte. So before unpacking,
- * every field of the request and of its known sub-messages is looked up in
- * the schema: unknown ones are counted (LNORM__MAX_UNKNOWN_FIELDS of at most
- * LNORM__MAX_UNKNOWN_BYTES in all are accepted, which covers liblnorm's
- * padding field and a newer client's few new fields), and a string with a
- * NUL byte is an error. Malformed bytes end the scan quietly: protobuf-c
- * then rejects the message with its own error. */
-typedef struct lnorm__scan {
-    unsigned fields;                          /* unknown fields */
-    size_t bytes;                             /* their encoded bytes, keys included */
-    const ProtobufCMessageDescriptor *nul_in; /* a string with a NUL: its message */
-    const ProtobufCFieldDescriptor *nul;      /* and its field */
-} lnorm__scan;
-
-static int lnorm__scan_fields(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *desc, int depth,
-                              lnorm__scan *sc)
-{
-    lnorm__wire_rd r = lnorm__wire_reader(buf, len);
-    while (r.p < r.end) {
-        const uint8_t *f0 = r.p;
-        lnorm__wire_field fl;
-        if (lnorm__wire_next_field(&r, &fl) != 0)
-            return -1;
-        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, fl.num);
-        if (!fd) {
-            sc->fields++;
-            sc->bytes += (size_t)(r.p - f0);
-            continue;
-        }
-        if (fl.wt != LNORM__WIRE_LEN)
-            continue;
-        if (fd->type == PROTOBUF_C_TYPE_STRING && !sc->nul && memchr(fl.data, 0, fl.len)) {
-            sc->nul_in = desc;
-            sc->nul = fd;
-        } else if (fd->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
-                   lnorm__scan_fields(fl.data, fl.len, fd->descriptor, depth + 1, sc) != 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
+/* Before unpacking, every field of the request and of its known
+ * sub-messages is looked up in the schema (proto/lnorm_scan.h): more than
+ * LNORM__MAX_UNKNOWN_FIELDS unknown fields or LNORM__MAX_UNKNOWN_BYTES of
+ * them (beyond liblnorm's padding field and a newer client's few new
+ * fields, protobuf-c would keep each at some 30 times its size, charged
+ * nowhere) and a string with a NUL byte (a C string would end there) are
+ * errors. Malformed bytes end the scan quietly: protobuf-c then rejects the
+ * message with its own error. */
 static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t errlen)
 {
     lnorm__scan sc = {0};
-    if (lnorm__scan_fields(buf, len, &lnorm__v1__request__descriptor, 0, &sc) != 0)
+    if (lnorm__scan_message(buf, len, &lnorm__v1__request__descriptor, 0, &sc) != 0)
         return LNORM_OK; /* malformed: protobuf-c says so */
-    if (sc.fields > LNORM__MAX_UNKNOWN_FIELDS || sc.bytes > LNORM__MAX_UNKNOWN_BYTES)
+    if (sc.unknown > LNORM__MAX_UNKNOWN_FIELDS || sc.unknown_bytes > LNORM__MAX_UNKNOWN_BYTES)
         return lnorm__fail(err, errlen, LNORM_EINVAL,
                            "message: %u fields of %zu bytes not in the lnorm.v1 schema (at most %u, of %u bytes)",
-                           sc.fields, sc.bytes, LNORM__MAX_UNKNOWN_FIELDS, LNORM__MAX_UNKNOWN_BYTES);
+                           sc.unknown, sc.unknown_bytes, LNORM__MAX_UNKNOWN_FIELDS, LNORM__MAX_UNKNOWN_BYTES);
     if (sc.nul)
         return lnorm__fail(err, errlen, LNORM_EINVAL, "%s.%s: a string with a NUL byte", sc.nul_in->short_name,
                            sc.nul->name);

@@ -6,6 +6,7 @@
  *
  * Exit status: 0 success, 1 the request failed, 2 bad usage or bad input.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -70,6 +71,18 @@ static int die_usage(const char *msg, const char *usage)
 {
     fprintf(stderr, "lnorm: %s\n%s", msg, usage);
     return 2;
+}
+
+/* A params id as lnormd takes it: 1..128 bytes of [A-Za-z0-9_.:-]. */
+static int id_ok(const char *id)
+{
+    size_t n = strlen(id);
+    if (n < 1 || n > 128)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)id[i]) && !strchr("_.:-", id[i]))
+            return 0;
+    return 1;
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -196,8 +209,9 @@ static int parse_args(int argc, char **argv, args *a, const int *allowed, const 
             char *end;
             errno = 0;
             double e = strtod(optarg, &end);
-            if (errno || *end || !(e > 0) || !isfinite((float)e))
-                return die_usage("--eps must be a finite number > 0", usage);
+            /* > 0 also as the float the server gets (1e-50 is 0 there) */
+            if (errno || *end || !(e > 0) || !isfinite((float)e) || !((float)e > 0))
+                return die_usage("--eps must be a finite number > 0 (as a float)", usage);
             a->eps = (float)e;
             a->eps_set = 1;
             break;
@@ -279,6 +293,20 @@ static int cmd_normalize(int argc, char **argv)
         return die_usage("--in and --out are required", usage_normalize);
     if (a.params_id && (a.gamma || a.beta))
         return die_usage("--params-id excludes --gamma/--beta", usage_normalize);
+    if (a.params_id && !id_ok(a.params_id))
+        return die_usage("--params-id must be 1..128 characters of [A-Za-z0-9_.:-]", usage_normalize);
+    /* Two outputs into one file would keep only the last written. */
+    if (a.resout && !strcmp(a.resout, a.out))
+        return die_usage("--out and --residual-out name the same file", usage_normalize);
+    if (a.stats) {
+        char sp[2][4096];
+        snprintf(sp[0], sizeof sp[0], "%s.mean.npy", a.stats);
+        snprintf(sp[1], sizeof sp[1], "%s.rstd.npy", a.stats);
+        for (int k = 0; k < 2; k++)
+            if (!strcmp(sp[k], a.out) || (a.resout && !strcmp(sp[k], a.resout)))
+                return die_usage("--stats-out's files and --out / --residual-out name the same file",
+                                 usage_normalize);
+    }
     if (!a.res != !a.resout)
         return die_usage("--residual and --residual-out go together", usage_normalize);
     if (a.raw_bf16 != (a.rows && a.hidden) || (!a.raw_bf16 && (a.rows || a.hidden)))
@@ -296,6 +324,8 @@ static int cmd_normalize(int argc, char **argv)
         rows = a.rows;
         hidden = a.hidden;
         ndim = 2;
+        if (hidden > ((uint64_t)1 << 60) / rows) /* the library's own bound; rows * hidden * 2 must not wrap */
+            return die_usage("--rows x --hidden is too large", usage_normalize);
         if (lnorm__raw_read(a.in, rows * hidden * 2, &raw_x, err, sizeof err) != 0 ||
             (a.res && lnorm__raw_read(a.res, rows * hidden * 2, &raw_r, err, sizeof err) != 0)) {
             fprintf(stderr, "lnorm: %s\n", err);
@@ -459,6 +489,8 @@ static int cmd_register(int argc, char **argv)
     }
     if (!a.id || (!a.gamma && !a.beta))
         return die_usage("--id and --gamma (or --beta) are required", usage_register);
+    if (!id_ok(a.id))
+        return die_usage("--id must be 1..128 characters of [A-Za-z0-9_.:-]", usage_register);
     char err[300];
     lnorm__npy g = {0}, b = {0};
     const char *first = a.gamma ? a.gamma : a.beta;
@@ -515,6 +547,8 @@ static int cmd_drop(int argc, char **argv)
     }
     if (!a.id)
         return die_usage("--id is required", usage_drop);
+    if (!id_ok(a.id))
+        return die_usage("--id must be 1..128 characters of [A-Za-z0-9_.:-]", usage_drop);
     lnorm_client *c;
     if (open_client(&a.cm, &c, 0) != LNORM_OK)
         return 1;

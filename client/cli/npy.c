@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lnorm/types.h"
@@ -28,61 +29,46 @@ void lnorm__npy_free(lnorm__npy *a)
     }
 }
 
-/* Find the value following 'key': in a header dict; NULL if absent. */
-static const char *dict_value(const char *h, const char *key)
+/* The header is a Python dict literal, as numpy writes it:
+ *   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }
+ * read by a small tokenizer: exactly the keys descr, fortran_order and
+ * shape, each once (numpy requires these three; a duplicate key, which
+ * numpy would resolve to its last value, is refused rather than guessed),
+ * string values in quotes without escapes, True/False, a tuple of decimal
+ * integers (a trailing L, as Python 2 wrote, allowed); then only
+ * whitespace. */
+static void skip_ws(const char **s)
 {
-    char pat[32];
-    snprintf(pat, sizeof pat, "'%s'", key);
-    const char *p = strstr(h, pat);
-    if (!p)
-        return NULL;
-    p += strlen(pat);
-    while (*p == ' ')
-        p++;
-    if (*p != ':')
-        return NULL;
-    p++;
-    while (*p == ' ')
-        p++;
-    return p;
+    while (**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r')
+        (*s)++;
 }
 
-static int parse_header(const char *h, lnorm__npy *a, char *err, size_t n)
+/* A quoted string (either quote, no backslash) into out (cap bytes). */
+static int quoted(const char **s, char *out, size_t cap)
 {
-    const char *d = dict_value(h, "descr");
-    if (!d || (*d != '\'' && *d != '"'))
-        return failf(err, n, "header has no 'descr'");
-    char q = *d++;
-    const char *e = strchr(d, q);
-    if (!e || e - d > 16)
-        return failf(err, n, "malformed 'descr'");
-    char descr[17];
-    memcpy(descr, d, (size_t)(e - d));
-    descr[e - d] = 0;
-    if (strcmp(descr, "<f4") == 0)
-        a->dtype = LNORM_DTYPE_F32;
-    else if (strcmp(descr, "<f2") == 0)
-        a->dtype = LNORM_DTYPE_F16;
-    else
-        return failf(err, n,
-                     "dtype '%s' is not supported (only little-endian float32 '<f4' and float16 "
-                     "'<f2'; for bfloat16 use --raw-bf16)",
-                     descr);
-    const char *f = dict_value(h, "fortran_order");
-    if (!f)
-        return failf(err, n, "header has no 'fortran_order'");
-    if (strncmp(f, "True", 4) == 0)
-        return failf(err, n, "Fortran-order arrays are not supported (use np.ascontiguousarray)");
-    if (strncmp(f, "False", 5) != 0)
-        return failf(err, n, "malformed 'fortran_order'");
-    const char *s = dict_value(h, "shape");
-    if (!s || *s != '(')
-        return failf(err, n, "header has no 'shape'");
+    char q = **s;
+    if (q != '\'' && q != '"')
+        return -1;
+    const char *b = ++*s, *e = b;
+    while (*e && *e != q && *e != '\\')
+        e++;
+    if (*e != q || (size_t)(e - b) >= cap)
+        return -1;
+    memcpy(out, b, (size_t)(e - b));
+    out[e - b] = 0;
+    *s = e + 1;
+    return 0;
+}
+
+static int parse_shape(const char **sp, lnorm__npy *a, char *err, size_t n)
+{
+    const char *s = *sp;
+    if (*s != '(')
+        return failf(err, n, "malformed 'shape'");
     s++;
     a->ndim = 0;
     for (;;) {
-        while (*s == ' ')
-            s++;
+        skip_ws(&s);
         if (*s == ')')
             break;
         if (!isdigit((unsigned char)*s))
@@ -96,15 +82,86 @@ static int parse_header(const char *h, lnorm__npy *a, char *err, size_t n)
             return failf(err, n, "only 1-D and 2-D arrays are supported");
         a->shape[a->ndim++] = v;
         s = end;
-        while (*s == ' ')
+        if (*s == 'L')
             s++;
+        skip_ws(&s);
         if (*s == ',')
             s++;
         else if (*s != ')')
             return failf(err, n, "malformed 'shape'");
     }
+    *sp = s + 1;
     if (a->ndim == 0)
         return failf(err, n, "0-D (scalar) arrays are not supported");
+    return 0;
+}
+
+static int parse_header(const char *h, lnorm__npy *a, char *err, size_t n)
+{
+    const char *s = h;
+    int have_descr = 0, have_order = 0, have_shape = 0;
+    skip_ws(&s);
+    if (*s++ != '{')
+        return failf(err, n, "header is not a dict");
+    for (;;) {
+        skip_ws(&s);
+        if (*s == '}')
+            break;
+        char key[32];
+        if (quoted(&s, key, sizeof key) != 0)
+            return failf(err, n, "malformed header (a key in quotes expected)");
+        skip_ws(&s);
+        if (*s++ != ':')
+            return failf(err, n, "malformed header (':' expected after '%s')", key);
+        skip_ws(&s);
+        if (!strcmp(key, "descr")) {
+            char descr[17];
+            if (have_descr++)
+                return failf(err, n, "header gives 'descr' twice");
+            if (quoted(&s, descr, sizeof descr) != 0)
+                return failf(err, n, "malformed 'descr'");
+            if (strcmp(descr, "<f4") == 0)
+                a->dtype = LNORM_DTYPE_F32;
+            else if (strcmp(descr, "<f2") == 0)
+                a->dtype = LNORM_DTYPE_F16;
+            else
+                return failf(err, n,
+                             "dtype '%s' is not supported (only little-endian float32 '<f4' and float16 "
+                             "'<f2'; for bfloat16 use --raw-bf16)",
+                             descr);
+        } else if (!strcmp(key, "fortran_order")) {
+            if (have_order++)
+                return failf(err, n, "header gives 'fortran_order' twice");
+            if (strncmp(s, "True", 4) == 0 && !isalnum((unsigned char)s[4]) && s[4] != '_')
+                return failf(err, n, "Fortran-order arrays are not supported (use np.ascontiguousarray)");
+            if (strncmp(s, "False", 5) != 0 || isalnum((unsigned char)s[5]) || s[5] == '_')
+                return failf(err, n, "malformed 'fortran_order'");
+            s += 5;
+        } else if (!strcmp(key, "shape")) {
+            if (have_shape++)
+                return failf(err, n, "header gives 'shape' twice");
+            if (parse_shape(&s, a, err, n) != 0)
+                return -1;
+        } else {
+            return failf(err, n, "unexpected key '%s' in the header (numpy writes descr, fortran_order, shape)",
+                         key);
+        }
+        skip_ws(&s);
+        if (*s == ',')
+            s++;
+        else if (*s != '}')
+            return failf(err, n, "malformed header (',' or '}' expected)");
+    }
+    s++;
+    skip_ws(&s);
+    if (*s)
+        return failf(err, n, "malformed header (text after the dict)");
+    if (!have_descr)
+        return failf(err, n, "header has no 'descr'");
+    if (!have_order)
+        return failf(err, n, "header has no 'fortran_order'");
+    if (!have_shape)
+        return failf(err, n, "header has no 'shape'");
     return 0;
 }
 
@@ -199,18 +256,31 @@ out:
     return rv;
 }
 
-/* Write prefix bytes + data to path via a temporary file. */
+/* Write prefix bytes + data to path via a temporary file beside it, then
+ * rename it over path. The temporary file is made by mkstemp (a new file,
+ * O_EXCL, never through a link someone planted), then given the mode a
+ * new file would have (0666 less the umask). */
 static int write_atomic(const char *path, const void *pre, size_t prelen, const void *data,
                         size_t nbytes, char *err, size_t errlen)
 {
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
+    char *tmp = malloc(plen + 16);
     if (!tmp)
         return failf(err, errlen, "out of memory");
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
+    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        failf(err, errlen, "%s: %s", path, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    mode_t um = umask(0);
+    umask(um);
+    FILE *fp = fchmod(fd, 0666 & ~um) == 0 ? fdopen(fd, "wb") : NULL;
     if (!fp) {
         failf(err, errlen, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        remove(tmp);
         free(tmp);
         return -1;
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "lnorm_scan.h"
 
 /* State of a small call: the request to send and where to put the answer. */
 typedef struct admin_state {
@@ -33,11 +34,28 @@ static void copy_str(char *dst, size_t cap, const char *src)
     snprintf(dst, cap, "%s", src ? src : "");
 }
 
+/* A health or info body protobuf-c may unpack: the schema's fields, at most
+ * 16 others (of 4096 bytes in all) and 64 repeated entries (an InfoResponse
+ * lists a few backends and devices), no NUL in a string. A hostile reply of
+ * many tiny fields would cost some 45 times its size to unpack. */
+static int admin_body_ok(const ProtobufCMessageDescriptor *desc, const lnorm__resp_view *resp)
+{
+    lnorm__scan sc = {0};
+    if (lnorm__scan_message(resp->body_bytes.p, resp->body_bytes.n, desc, 0, &sc) != 0)
+        return 1; /* malformed: protobuf-c rejects it */
+    return sc.unknown <= 16 && sc.unknown_bytes <= 4096 && sc.repeated <= 64 && !sc.nul;
+}
+
 static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *resp)
 {
     admin_state *st = call->data;
     (void)i;
     if (resp->body != (int)st->req.body_case)
+        return LNORM_EPROTO;
+    if (resp->body == LNORM__V1__RESPONSE__BODY_HEALTH &&
+        !admin_body_ok(&lnorm__v1__health_response__descriptor, resp))
+        return LNORM_EPROTO;
+    if (resp->body == LNORM__V1__RESPONSE__BODY_INFO && !admin_body_ok(&lnorm__v1__info_response__descriptor, resp))
         return LNORM_EPROTO;
     switch (resp->body) {
     case LNORM__V1__RESPONSE__BODY_HEALTH: {

@@ -285,6 +285,13 @@ static int slot_get(lnorm_client *c, lnorm__slot **out)
     return LNORM_OK;
 }
 
+/* The call that lnorm__call_start is starting on this thread, and whether
+ * it completed there (every chunk done or failed before start returned):
+ * advance_unlock then leaves it to lnorm__call_start instead of running
+ * the callback on the caller's thread. */
+static _Thread_local lnorm__call *lnorm__starting;
+static _Thread_local int lnorm__started_done;
+
 static void call_finish(lnorm__call *call)
 {
     lnorm_client *c = call->c;
@@ -341,6 +348,10 @@ static void advance_unlock(lnorm__call *call)
         complete = 1;
     }
     nng_mtx_unlock(c->mtx);
+    if (complete && call == lnorm__starting) {
+        lnorm__started_done = 1; /* lnorm__call_start owns it now */
+        return;
+    }
     if (complete) {
         call_finish(call);
         return;
@@ -386,13 +397,21 @@ static void start_chunk(lnorm__call *call, uint64_t i)
     nng_ctx_send(s->ctx, s->aio);
 }
 
-static void handle_reply(lnorm__call *call, uint64_t i, nng_msg *m, int *err, int *status,
+static void handle_reply(lnorm__call *call, uint64_t i, uint64_t id, nng_msg *m, int *err, int *status,
                          char *why, size_t whylen)
 {
     lnorm__resp_view v;
     if (lnorm__resp_parse(nng_msg_body(m), nng_msg_len(m), &v) != LNORM_OK) {
         *err = LNORM_EPROTO;
         snprintf(why, whylen, "malformed reply (%zu bytes)", nng_msg_len(m));
+        return;
+    }
+    /* The reply must be this request's (the server echoes request_id); an
+     * error reply may carry 0, for a request the server could not read. */
+    if (v.request_id != id && !(v.code != 0 && v.request_id == 0)) {
+        *err = LNORM_EPROTO;
+        snprintf(why, whylen, "reply for request %llu, expected %llu", (unsigned long long)v.request_id,
+                 (unsigned long long)id);
         return;
     }
     nng_mtx_lock(call->c->mtx);
@@ -519,7 +538,7 @@ static void slot_cb(void *arg)
     } else {
         nng_msg *m = nng_aio_get_msg(s->aio);
         nng_aio_set_msg(s->aio, NULL);
-        handle_reply(call, s->chunk, m, &err, &status, why, sizeof why);
+        handle_reply(call, s->chunk, s->id, m, &err, &status, why, sizeof why);
         lnorm__msg_put(c, m);
     }
     if (rv != 0 && s->resends > 0) {
@@ -555,7 +574,7 @@ int lnorm__call_new(lnorm_client *c, const lnorm__call_ops *ops, lnorm__call **o
     return LNORM_OK;
 }
 
-int lnorm__call_start(lnorm__call *call)
+int lnorm__call_start(lnorm__call *call, lnorm_result *res)
 {
     lnorm_client *c = call->c;
     nng_mtx_lock(c->mtx);
@@ -564,12 +583,38 @@ int lnorm__call_start(lnorm__call *call)
         if (call->cleanup)
             call->cleanup(call);
         free(call);
+        if (res) {
+            memset(res, 0, sizeof *res);
+            lnorm__result_fail(res, LNORM_ECLOSED, -1, "client closed");
+        }
         return LNORM_ECLOSED;
     }
     c->ncalls++;
     call->res.chunks = (uint32_t)(call->nchunks > UINT32_MAX ? UINT32_MAX : call->nchunks);
+    lnorm__call *outer = lnorm__starting; /* (a callback that starts a call) */
+    int outer_done = lnorm__started_done;
+    lnorm__starting = call;
+    lnorm__started_done = 0;
     advance_unlock(call);
-    return LNORM_OK;
+    int done = lnorm__started_done;
+    lnorm__starting = outer;
+    lnorm__started_done = outer_done;
+    if (!done)
+        return LNORM_OK; /* (the call may be finished and freed by now) */
+    /* It completed on this thread: only a chunk that could not be built or
+     * given a context does that (replies are handled on NNG threads), so
+     * it failed. It was not started: no callback, the error returned. */
+    int err = call->res.err != LNORM_OK ? call->res.err : LNORM_EINTERNAL;
+    if (res)
+        *res = call->res;
+    if (call->cleanup)
+        call->cleanup(call);
+    free(call);
+    nng_mtx_lock(c->mtx);
+    c->ncalls--;
+    nng_cv_wake(c->cv);
+    nng_mtx_unlock(c->mtx);
+    return err;
 }
 
 typedef struct sync_wait {
@@ -610,16 +655,13 @@ int lnorm__call_sync(lnorm__call *call, lnorm_result *res)
     }
     call->cb = sync_cb;
     call->cb_arg = &w;
-    rv = lnorm__call_start(call);
+    rv = lnorm__call_start(call, &w.res);
     if (rv == LNORM_OK) {
         nng_mtx_lock(w.mtx);
         while (!w.done)
             nng_cv_wait(w.cv);
         nng_mtx_unlock(w.mtx);
         rv = w.res.err;
-    } else {
-        memset(&w.res, 0, sizeof w.res);
-        lnorm__result_fail(&w.res, rv, -1, "%s", lnorm_strerror(rv));
     }
     nng_cv_free(w.cv);
     nng_mtx_free(w.mtx);

@@ -112,9 +112,12 @@ struct lnorm_client {
 };
 
 /* Start a call (already filled: ops, data, nchunks, depth, timeouts, cb).
- * On LNORM_OK the callback will run exactly once; on error it will not and
- * the call has been cleaned up and freed. The call must be malloc'ed. */
-int lnorm__call_start(lnorm__call *call);
+ * On LNORM_OK the callback will run exactly once, on an NNG thread; on
+ * error it will not, the call has been cleaned up and freed, and *res (may
+ * be NULL) says why. An error can also come after some chunks were
+ * exchanged (a later chunk could not be built): their outputs are then
+ * written. The call must be malloc'ed. */
+int lnorm__call_start(lnorm__call *call, lnorm_result *res);
 
 /* Run a call synchronously: start it and wait; fills *res (may be NULL). */
 int lnorm__call_sync(lnorm__call *call, lnorm_result *res);

@@ -337,8 +337,13 @@ static int norm_prepare(lnorm_client *c, const lnorm_normalize_req *req, lnorm__
     call->cleanup = norm_cleanup;
     call->nchunks = (req->rows + st->rows_per_chunk - 1) / st->rows_per_chunk;
     call->depth = c->opts.pipeline_depth;
-    if (req->timeout_ms != 0)
+    if (req->timeout_ms != 0) {
         call->recv_timeout = req->timeout_ms < 0 ? NNG_DURATION_INFINITE : req->timeout_ms;
+        /* send_deadline: the server's deadline is this call's timeout
+         * (none when it waits forever), as the client's is otherwise */
+        if (c->opts.send_deadline)
+            call->deadline_us = req->timeout_ms < 0 ? 0 : (uint64_t)req->timeout_ms * 1000u;
+    }
     *out = call;
     return LNORM_OK;
 }
@@ -390,5 +395,5 @@ int lnorm_normalize_async(lnorm_client *c, const lnorm_normalize_req *req, lnorm
         return rv;
     call->cb = cb;
     call->cb_arg = arg;
-    return lnorm__call_start(call);
+    return lnorm__call_start(call, NULL);
 }

@@ -133,7 +133,12 @@ typedef struct lnorm_result {
  *   mean, rstd   rows floats each (with want_stats; mean for LayerNorm only,
  *                either may be NULL to not receive it)
  * gamma/beta and params_id are exclusive: params_id names parameters
- * registered with lnorm_register_params. */
+ * registered with lnorm_register_params.
+ * An output may be exactly an input buffer (y == x normalizes in place):
+ * each chunk's inputs are sent before its results are written, and a
+ * resend rebuilds only chunks that have no result yet.
+ * Any other overlap between an output and an input, or between two
+ * outputs, is undefined (results would depend on chunking and timing). */
 typedef struct lnorm_normalize_req {
     lnorm_op op;
     lnorm_dtype x_dtype;

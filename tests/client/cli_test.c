@@ -6,6 +6,7 @@
  *   cli_test LNORMD_PATH LNORM_CLI_PATH
  */
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,15 +288,39 @@ int main(int argc, char **argv)
     CHECK(rc == 2 && strstr(out, "eps"), "eps -1 exit %d", rc);
     rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --bogus", url, dir, dir);
     CHECK(rc == 2 && strstr(out, "unknown option"), "unknown option exit %d", rc);
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --eps 1e-50", url, dir, dir);
+    CHECK(rc == 2 && strstr(out, "as a float"), "eps 1e-50 (0 as a float) exit %d", rc);
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --params-id 'bad id!'", url, dir, dir);
+    CHECK(rc == 2 && strstr(out, "--params-id must be"), "bad params id exit %d", rc);
+    rc = run("drop --url %s --id 'a b'", url);
+    CHECK(rc == 2 && strstr(out, "--id must be"), "drop: bad id exit %d", rc);
+    rc = run("normalize --url %s --raw-bf16 --rows 4611686018427387905 --hidden 4 --in %s/a_x.npy --out %s/z.bf16",
+             url, dir, dir);
+    CHECK(rc == 2 && strstr(out, "too large"), "raw bf16 rows x hidden wrapping exit %d", rc);
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --residual %s/a_x.npy --residual-out %s/z.npy", url,
+             dir, dir, dir, dir);
+    CHECK(rc == 2 && strstr(out, "same file"), "--out = --residual-out exit %d", rc);
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/s.rstd.npy --stats-out %s/s", url, dir, dir, dir);
+    CHECK(rc == 2 && strstr(out, "same file"), "--out = a stats file exit %d", rc);
     {
-        /* a float64 .npy, a Fortran-order one, a 3-D one, a truncated one */
+        /* a float64 .npy, a Fortran-order one, a 3-D one, a truncated one;
+         * headers numpy reads otherwise or refuses: a key twice, a key
+         * hidden in a string, a word that starts with False, a key missing;
+         * last, a valid header in double quotes (numpy's reader takes it) */
         char p[400];
         const char *hdrs[] = {"{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
                               "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 1), }",
                               "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 2), }",
-                              "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }"};
-        const char *want[] = {"not supported", "Fortran", "1-D and 2-D", "does not match"};
-        for (int k = 0; k < 4; k++) {
+                              "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }",
+                              "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), 'shape': (4,), }",
+                              "{'x': \"'shape': (4,)\", 'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }",
+                              "{'descr': '<f4', 'fortran_order': Falsey, 'shape': (4,), }",
+                              "{'descr': '<f4', 'shape': (4,), }",
+                              "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (4,)}"};
+        const char *want[] = {"not supported", "Fortran",       "1-D and 2-D",         "does not match",
+                              "twice",         "unexpected key", "malformed 'fortran_order'", "no 'fortran_order'",
+                              NULL};
+        for (int k = 0; k < 9; k++) {
             snprintf(p, sizeof p, "%s/bad%d.npy", dir, k);
             FILE *fp = fopen(p, "wb");
             char h[128];
@@ -305,10 +330,29 @@ int main(int argc, char **argv)
             h[117] = '\n';
             fwrite("\x93NUMPY\x01\x00\x76\x00", 1, 10, fp);
             fwrite(h, 1, 118, fp);
-            fwrite("\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1, 16 - (k == 3 ? 4 : 0) * 2, fp);
+            float v[4] = {0.5f, -1.25f, 2.0f, 0.75f}; /* the valid file's result is checked */
+            fwrite(v, 1, 16 - (k == 3 ? 4 : 0) * 2, fp);
             fclose(fp);
             rc = run("normalize --url %s --in %s --out %s/z.npy", url, p, dir);
-            CHECK(rc == 2 && strstr(out, want[k]), "bad npy %d exit %d", k, rc);
+            if (want[k])
+                CHECK(rc == 2 && strstr(out, want[k]), "bad npy %d exit %d: %s", k, rc, out);
+            else {
+                CHECK(rc == 0, "double-quoted npy header exit %d: %s", rc, out);
+                /* LayerNorm of v (eps 1e-5) against float64 */
+                lnorm__npy zy = {0};
+                double mu = (0.5 - 1.25 + 2.0 + 0.75) / 4, var = 0;
+                for (int e = 0; e < 4; e++)
+                    var += (v[e] - mu) * (v[e] - mu) / 4;
+                if (rc == 0 && read_npy("z.npy", &zy) == 0) {
+                    CHECK(zy.dtype == LNORM_DTYPE_F32 && zy.ndim == 1 && zy.shape[0] == 4, "valid npy: y shape");
+                    for (int e = 0; e < 4 && zy.ndim == 1 && zy.shape[0] == 4; e++) {
+                        double want_y = (v[e] - mu) / sqrt(var + 1e-5);
+                        CHECK(fabs(((const float *)zy.data)[e] - want_y) < 1e-5, "valid npy: y[%d] %g, want %g", e,
+                              ((const float *)zy.data)[e], want_y);
+                    }
+                }
+                lnorm__npy_free(&zy);
+            }
         }
     }
     rc = run("health --url ipc://%s/nobody.sock --timeout-ms 300", dir);

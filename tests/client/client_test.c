@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -654,8 +655,11 @@ static int test_errors(void)
 typedef struct fake_server {
     nng_socket sock;
     pthread_t th;
-    atomic_int mode;   /* 0 silent, 1 answer (fail 4th), 2 garbage, 3 short y */
+    atomic_int mode;   /* 0 silent, 1 answer (fail 4th), 2 garbage, 3 short y,
+                          4 another request's id, 5 bloated health / info */
     atomic_int seen;
+    _Atomic uint64_t last_deadline; /* deadline_us of the last request */
+    atomic_int bloat;  /* mode 5: 100 unknown fields / backends (else none / one) */
     char url[320];
 } fake_server;
 
@@ -680,11 +684,43 @@ static void *fake_loop(void *arg)
         nng_msg_free(m);
         if (!req)
             continue;
+        atomic_store(&f->last_deadline, req->deadline_us);
         Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
         Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
         Lnorm__V1__NormalizeResponse nr = LNORM__V1__NORMALIZE_RESPONSE__INIT;
-        resp.request_id = req->request_id;
+        Lnorm__V1__HealthResponse hr = LNORM__V1__HEALTH_RESPONSE__INIT;
+        Lnorm__V1__InfoResponse ir = LNORM__V1__INFO_RESPONSE__INIT;
+        static ProtobufCMessageUnknownField uf[100];
+        static uint8_t empty[1];
+        static char *many[100];
+        static char be[] = "cpu";
+        resp.request_id = mode == 4 ? req->request_id + 1000 : req->request_id;
         resp.status = &st;
+        if (mode == 5) {
+            /* 100 empty unknown fields in a HealthResponse; 100 backends in
+             * an InfoResponse: more than a client should unpack */
+            for (int u = 0; u < 100; u++) {
+                uf[u].tag = 1000 + (uint32_t)u;
+                uf[u].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+                uf[u].len = 1;
+                uf[u].data = empty;
+                many[u] = be;
+            }
+            int bl = atomic_load(&f->bloat);
+            hr.serving = 1;
+            hr.base.n_unknown_fields = bl ? 100 : 0;
+            hr.base.unknown_fields = uf;
+            ir.version = be;
+            ir.n_backends = bl ? 100 : 1;
+            ir.backends = many;
+            if (req->body_case == LNORM__V1__REQUEST__BODY_HEALTH) {
+                resp.body_case = LNORM__V1__RESPONSE__BODY_HEALTH;
+                resp.health = &hr;
+            } else if (req->body_case == LNORM__V1__REQUEST__BODY_INFO) {
+                resp.body_case = LNORM__V1__RESPONSE__BODY_INFO;
+                resp.info = &ir;
+            }
+        }
         uint8_t *ybuf = NULL;
         if (mode == 1 && k == 4) {
             st.code = LNORM__V1__CODE__RESOURCE_EXHAUSTED;
@@ -871,14 +907,132 @@ static int test_protocol(void)
     rv = lnorm_normalize(c, &q, &res);
     CHECK(rv == LNORM_EPROTO, "short y gave %s, want EPROTO", lnorm_errname(rv));
     printf("short y: %s \"%s\"\n", lnorm_errname(rv), res.message);
+    /* The reply of another request (a right-sized y): refused, never
+     * written out as this request's result. */
+    atomic_store(&f.mode, 4);
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_EPROTO && strstr(res.message, "expected"), "another request's reply gave %s '%s'",
+          lnorm_errname(rv), res.message);
+    printf("another request's reply: %s \"%s\"\n", lnorm_errname(rv), res.message);
+    /* Health and info bodies bloated past what a client unpacks. */
+    atomic_store(&f.mode, 5);
+    atomic_store(&f.bloat, 1);
+    int serving = -1;
+    rv = lnorm_health(c, &serving, &res);
+    CHECK(rv == LNORM_EPROTO && serving == -1, "health with 100 unknown fields gave %s", lnorm_errname(rv));
+    lnorm_server_info info;
+    rv = lnorm_info(c, &info, &res);
+    CHECK(rv == LNORM_EPROTO, "info with 100 backends gave %s", lnorm_errname(rv));
+    atomic_store(&f.bloat, 0); /* the same replies without the bloat */
+    rv = lnorm_health(c, &serving, &res);
+    CHECK(rv == LNORM_OK && serving == 1, "plain health reply gave %s", lnorm_errname(rv));
+    rv = lnorm_info(c, &info, &res);
+    CHECK(rv == LNORM_OK && info.nbackends == 1 && !strcmp(info.backends[0], "cpu"), "plain info reply gave %s",
+          lnorm_errname(rv));
     atomic_store(&f.mode, 1);
     atomic_store(&f.seen, 100);
     rv = lnorm_normalize(c, &q, &res);
     CHECK(rv == LNORM_OK, "well-formed fake reply gave %s", lnorm_errname(rv));
     lnorm_client_close(c);
+
+    /* send_deadline: the server's deadline is the call's own timeout when
+     * it has one (none when it waits forever), else the client's. */
+    o.send_deadline = 1;
+    o.recv_timeout_ms = 30000;
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK && atomic_load(&f.last_deadline) == 30000000u, "client's deadline: %s, %llu us",
+          lnorm_errname(rv), (unsigned long long)atomic_load(&f.last_deadline));
+    q.timeout_ms = 2000;
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK && atomic_load(&f.last_deadline) == 2000000u, "call's deadline: %s, %llu us",
+          lnorm_errname(rv), (unsigned long long)atomic_load(&f.last_deadline));
+    q.timeout_ms = -1;
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK && atomic_load(&f.last_deadline) == 0, "no deadline: %s, %llu us", lnorm_errname(rv),
+          (unsigned long long)atomic_load(&f.last_deadline));
+    lnorm_client_close(c);
     fake_stop(&f);
     lnorm__rmdir(dir);
     return 0;
+}
+
+/* An asynchronous call whose request cannot be built (out of memory, by a
+ * limit on the address space): the call returns the error and its callback
+ * never runs, on no thread (it used to run on the caller's thread before
+ * lnorm_normalize_async returned). Its own process: the limit stays. */
+typedef struct cb_seen {
+    atomic_int runs;
+    pthread_t thread;
+} cb_seen;
+
+static void seen_cb(void *arg, int err, const lnorm_result *res)
+{
+    cb_seen *s = arg;
+    (void)err;
+    (void)res;
+    s->thread = pthread_self();
+    atomic_fetch_add(&s->runs, 1);
+}
+
+static int test_async_start(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    printf("async_start: SKIPPED: ASan's shadow memory does not live under an address-space limit\n");
+    return 77;
+#else
+    char dir[256];
+    if (lnorm__tmpdir(dir, sizeof dir))
+        return 1;
+    fake_server f;
+    CHECK(fake_start(&f, dir, 1) == 0, "fake server");
+    lnorm_client *c;
+    const char *url = f.url;
+    CHECK(lnorm_client_open(&c, &url, 1, NULL) == LNORM_OK, "open");
+    enum { H = 64 << 20 }; /* one f32 row of 256 MiB: a request that size cannot be allocated below */
+    float *x = malloc((size_t)H * 4), *y = malloc((size_t)H * 4);
+    CHECK(x && y, "buffers");
+    if (x && y) {
+        for (size_t k = 0; k < (size_t)H; k++)
+            x[k] = (float)(k % 251) - 125.0f;
+        lnorm_normalize_req q;
+        lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 1, H);
+        q.x = x;
+        q.y = y;
+        /* the address space in use now, and 64 MiB more at most */
+        FILE *st = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        CHECK(st && fscanf(st, "%lu", &pages) == 1, "statm");
+        if (st)
+            fclose(st);
+        struct rlimit rl = {(rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (64u << 20), RLIM_INFINITY};
+        CHECK(setrlimit(RLIMIT_AS, &rl) == 0, "setrlimit");
+        cb_seen s;
+        memset(&s, 0, sizeof s);
+        int rv = lnorm_normalize_async(c, &q, seen_cb, &s);
+        int runs_at_return = atomic_load(&s.runs);
+        usleep(300000);
+        CHECK(rv == LNORM_ENOMEM, "unbuildable request: %s, want ENOMEM", lnorm_errname(rv));
+        CHECK(runs_at_return == 0 && atomic_load(&s.runs) == 0, "callback ran %d time(s) (%d before the return)",
+              atomic_load(&s.runs), runs_at_return);
+        CHECK(atomic_load(&f.seen) == 0, "the server saw %d requests", atomic_load(&f.seen));
+        printf("async start without memory: %s, callback runs %d\n", lnorm_errname(rv), atomic_load(&s.runs));
+        rl.rlim_cur = RLIM_INFINITY;
+        setrlimit(RLIMIT_AS, &rl);
+        /* the client works on */
+        lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 4, 64);
+        q.x = x;
+        q.y = y;
+        rv = lnorm_normalize(c, &q, NULL);
+        CHECK(rv == LNORM_OK, "a small call after: %s", lnorm_errname(rv));
+    }
+    free(x);
+    free(y);
+    lnorm_client_close(c);
+    fake_stop(&f);
+    lnorm__rmdir(dir);
+    return 0;
+#endif
 }
 
 int main(int argc, char **argv)
@@ -889,7 +1043,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *what = argv[2];
-    int need_daemon = strcmp(what, "timeout") != 0 && strcmp(what, "protocol") != 0;
+    int need_daemon = strcmp(what, "timeout") != 0 && strcmp(what, "protocol") != 0 && strcmp(what, "async_start") != 0;
     if (need_daemon) {
         const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
         if (lnorm__daemon_start(&daemon_, argv[1], extra, 20000) != 0) {
@@ -911,6 +1065,11 @@ int main(int argc, char **argv)
         rv = test_timeout();
     else if (strcmp(what, "protocol") == 0)
         rv = test_protocol();
+    else if (strcmp(what, "async_start") == 0) {
+        rv = test_async_start();
+        if (rv == 77)
+            return 77; /* skipped, and ctest says so (SKIP_RETURN_CODE) */
+    }
     else {
         fprintf(stderr, "unknown test %s\n", what);
         rv = 2;
