@@ -292,10 +292,11 @@ static int slot_get(lnorm_client *c, lnorm__slot **out)
 static _Thread_local lnorm__call *lnorm__starting;
 static _Thread_local int lnorm__started_done;
 
-static void call_finish(lnorm__call *call)
+/* Free a completed call and count it out of the client (close waits for
+ * the count to reach 0). */
+static void call_release(lnorm__call *call)
 {
     lnorm_client *c = call->c;
-    call->cb(call->cb_arg, call->res.err, &call->res);
     if (call->cleanup)
         call->cleanup(call);
     free(call);
@@ -303,6 +304,12 @@ static void call_finish(lnorm__call *call)
     c->ncalls--;
     nng_cv_wake(c->cv);
     nng_mtx_unlock(c->mtx);
+}
+
+static void call_finish(lnorm__call *call)
+{
+    call->cb(call->cb_arg, call->res.err, &call->res);
+    call_release(call);
 }
 
 /* Account for a finished chunk (reply handled, failed, or skipped). Called
@@ -607,13 +614,7 @@ int lnorm__call_start(lnorm__call *call, lnorm_result *res)
     int err = call->res.err != LNORM_OK ? call->res.err : LNORM_EINTERNAL;
     if (res)
         *res = call->res;
-    if (call->cleanup)
-        call->cleanup(call);
-    free(call);
-    nng_mtx_lock(c->mtx);
-    c->ncalls--;
-    nng_cv_wake(c->cv);
-    nng_mtx_unlock(c->mtx);
+    call_release(call);
     return err;
 }
 
