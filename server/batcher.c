@@ -159,6 +159,13 @@ void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts)
     lnorm__kick_locked(b);
 }
 
+void lnorm__batcher_get_opts(lnorm__batcher *b, lnorm__batcher_opts *out)
+{
+    pthread_mutex_lock(&b->mu);
+    *out = b->opts;
+    pthread_mutex_unlock(&b->mu);
+}
+
 int lnorm__batcher_idle(lnorm__batcher *b)
 {
     pthread_mutex_lock(&b->mu);

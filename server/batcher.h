@@ -36,6 +36,9 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
 int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r);
 /* Change the options (loop thread). */
 void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts);
+/* The options in force (any thread: SIGHUP changes them on the loop
+ * thread, so readers elsewhere take them from here, under the lock). */
+void lnorm__batcher_get_opts(lnorm__batcher *b, lnorm__batcher_opts *out);
 /* 1 when nothing is queued or running. */
 int lnorm__batcher_idle(lnorm__batcher *b);
 /* Close the loop handles (loop thread; the batcher must be idle). */

@@ -126,12 +126,14 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     info.n_backends = 1;
     info.devices = pdevp;
     info.n_devices = (size_t)ndev;
+    lnorm__batcher_opts bo; /* (SIGHUP changes these: the batcher's copy, not d->cfg) */
+    lnorm__batcher_get_opts(d->batcher, &bo);
     lim.max_message_bytes = d->cfg.max_message_bytes;
     lim.max_rows = d->cfg.max_rows;
     lim.max_hidden = d->lim.max_hidden;
-    lim.max_batch_rows = d->cfg.max_batch_rows;
-    lim.max_batch_bytes = d->cfg.max_batch_bytes;
-    lim.max_queue_requests = d->cfg.max_queue;
+    lim.max_batch_rows = bo.max_batch_rows;
+    lim.max_batch_bytes = bo.max_batch_bytes;
+    lim.max_queue_requests = bo.max_queue;
     lim.max_params_bytes = d->cfg.max_params_bytes;
     lim.max_inflight_bytes = d->cfg.max_inflight_bytes;
     info.limits = &lim;
@@ -237,9 +239,12 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
         r->bytes = r->dec.in_bytes + r->dec.y_bytes + r->dec.res_out_bytes +
                    (r->mean ? r->dec.stat_bytes : 0) + (r->rstd ? r->dec.stat_bytes : 0);
         rc = lnorm__batcher_submit(d->batcher, r);
-        if (rc == LNORM_EQUEUEFULL)
+        if (rc == LNORM_EQUEUEFULL) {
+            lnorm__batcher_opts bo;
+            lnorm__batcher_get_opts(d->batcher, &bo);
             snprintf(err, sizeof err, "queue full: %llu requests waiting (max-queue)",
-                     (unsigned long long)d->cfg.max_queue);
+                     (unsigned long long)bo.max_queue);
+        }
         else if (rc != LNORM_OK)
             snprintf(err, sizeof err, "shutting down");
     }

@@ -1,5 +1,6 @@
 /* The observability endpoints on NNG's HTTP server (no HTTP parsing here). */
 #include <arpa/inet.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +12,21 @@
 #include "lnorm/errors.h"
 #include "log.h"
 
+/* Shared by the three handlers and the owner: NNG frees a handler (and
+ * calls its data destructor) only once no request uses it, which may be
+ * after lnorm__http_stop returns, so the last of them frees this. */
 struct lnorm__http {
     nng_http_server *srv;
     lnorm__http_hooks hooks;
+    atomic_int refs;
 };
+
+static void lnorm__http_unref(void *arg)
+{
+    lnorm__http *h = arg;
+    if (atomic_fetch_sub(&h->refs, 1) == 1)
+        free(h);
+}
 
 static void lnorm__http_reply(nng_aio *aio, uint16_t status, const char *ctype, const void *body, size_t len)
 {
@@ -84,11 +96,12 @@ int lnorm__http_start(lnorm__http **out, const char *hostport, const lnorm__http
         return LNORM_ENOMEM;
     }
     h->hooks = *hooks;
+    atomic_init(&h->refs, 1); /* the owner's */
     int rv = nng_http_server_hold(&h->srv, u);
     nng_url_free(u);
     if (rv != 0) {
         snprintf(err, errlen, "http %s: %s", hostport, nng_strerror(rv));
-        free(h);
+        lnorm__http_unref(h);
         return LNORM_ETRANSPORT;
     }
     static const struct {
@@ -99,9 +112,18 @@ int lnorm__http_start(lnorm__http **out, const char *hostport, const lnorm__http
         nng_http_handler *hd;
         if ((rv = nng_http_handler_alloc(&hd, routes[i].path, routes[i].cb)) != 0)
             break;
-        if ((rv = nng_http_handler_set_method(hd, "GET")) != 0 || (rv = nng_http_handler_set_data(hd, h, NULL)) != 0 ||
-            (rv = nng_http_server_add_handler(h->srv, hd)) != 0) {
+        if ((rv = nng_http_handler_set_method(hd, "GET")) != 0) {
             nng_http_handler_free(hd);
+            break;
+        }
+        atomic_fetch_add(&h->refs, 1); /* the handler's, dropped by its destructor */
+        if ((rv = nng_http_handler_set_data(hd, h, lnorm__http_unref)) != 0) {
+            atomic_fetch_sub(&h->refs, 1);
+            nng_http_handler_free(hd);
+            break;
+        }
+        if ((rv = nng_http_server_add_handler(h->srv, hd)) != 0) {
+            nng_http_handler_free(hd); /* (runs the destructor) */
             break;
         }
     }
@@ -110,7 +132,7 @@ int lnorm__http_start(lnorm__http **out, const char *hostport, const lnorm__http
     if (rv != 0) {
         snprintf(err, errlen, "http %s: %s", hostport, nng_strerror(rv));
         nng_http_server_release(h->srv);
-        free(h);
+        lnorm__http_unref(h);
         return LNORM_ETRANSPORT;
     }
     nng_sockaddr sa;
@@ -139,5 +161,5 @@ void lnorm__http_stop(lnorm__http *h)
         return;
     nng_http_server_stop(h->srv);
     nng_http_server_release(h->srv);
-    free(h);
+    lnorm__http_unref(h); /* freed now, or by the last handler NNG frees */
 }

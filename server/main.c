@@ -109,14 +109,19 @@ static void lnorm__on_housekeeping(uv_timer_t *t)
     if (atomic_load(&d->draining)) {
         /* Contexts stop receiving once they have replied, so busy falls to
          * 0 once everything received is answered. */
-        if (lnorm__transport_busy(d->tp) == 0 && lnorm__batcher_idle(d->batcher)) {
-            LOG_INFO("drained: every request received was answered; exiting");
+        /* ... and the socket is closed only once the replies are written
+         * out: closing it cuts off a reply still on its way. */
+        int transit = 0;
+        if (lnorm__transport_busy(d->tp) == 0 && lnorm__batcher_idle(d->batcher) &&
+            (transit = lnorm__transport_in_transit(d->tp)) == 0) {
+            LOG_INFO("drained: every request received was answered and its reply written out; exiting");
             lnorm__stop_loop(d);
             return;
         }
         if (now - d->drain_start_ns >= d->cfg.drain_timeout_ms * 1000000ull) {
-            LOG_WARN("drain timeout (%llu ms): %d requests still in flight; exiting",
-                     (unsigned long long)d->cfg.drain_timeout_ms, lnorm__transport_busy(d->tp));
+            LOG_WARN("drain timeout (%llu ms): %d requests still in flight, %d connections with a reply on its "
+                     "way; exiting",
+                     (unsigned long long)d->cfg.drain_timeout_ms, lnorm__transport_busy(d->tp), transit);
             lnorm__stop_loop(d);
             return;
         }
@@ -191,6 +196,12 @@ static void lnorm__on_signal(uv_signal_t *h, int signum)
     atomic_store(&d->draining, 1);
     d->drain_start_ns = lnorm__now_ns();
     atomic_store(&d->serving, 0);
+    /* No more work is coming to fill a batch: run what is queued now
+     * (max-queue-delay-us may be as long as the drain timeout). */
+    lnorm__batcher_opts bo;
+    lnorm__batcher_get_opts(d->batcher, &bo);
+    bo.max_queue_delay_us = 0;
+    lnorm__batcher_set_opts(d->batcher, &bo);
     lnorm__transport_drain(d->tp);
 }
 

@@ -21,6 +21,7 @@ typedef struct lnorm__slot {
     nng_aio *aio;
     lnorm__transport *tp;
     int state;
+    nng_pipe pipe; /* the connection the request in hand came on */
 } lnorm__slot;
 
 struct lnorm__transport {
@@ -39,7 +40,21 @@ struct lnorm__transport {
     atomic_int busy;
     atomic_uint_fast64_t last_recv_ns;
     nng_duration send_timeout_ms;
+    atomic_uint_fast64_t last_drop_log_ns;
 };
+
+/* A reply that cannot go (a send that timed out or failed, or none could be
+ * made): rep0 forgets the request, so its client would wait on a live
+ * connection until its own timeout. Close that connection instead: the
+ * client sees it drop (liblnorm resends). Logged at most once a second. */
+static void lnorm__reply_lost(lnorm__transport *tp, nng_pipe p, const char *why)
+{
+    if (nng_pipe_id(p) > 0)
+        nng_pipe_close(p);
+    uint64_t now = lnorm__now_ns(), last = atomic_load(&tp->last_drop_log_ns);
+    if (now - last >= 1000000000ull && atomic_compare_exchange_strong(&tp->last_drop_log_ns, &last, now))
+        LOG_WARN("reply not sent (%s): its connection closed", why);
+}
 
 static void lnorm__slot_recv(lnorm__slot *s)
 {
@@ -60,7 +75,7 @@ static void lnorm__slot_cb(void *arg)
                 nng_msg_free(m);
             nng_aio_set_msg(s->aio, NULL);
             if (rv != NNG_ECLOSED)
-                LOG_DEBUG("reply not sent: %s", nng_strerror(rv));
+                lnorm__reply_lost(tp, s->pipe, nng_strerror(rv));
         }
         /* While draining, a context that has replied receives no more. */
         if (!atomic_load(&tp->closing) && !atomic_load(&tp->draining) && rv != NNG_ECLOSED)
@@ -77,6 +92,7 @@ static void lnorm__slot_cb(void *arg)
     }
     nng_msg *m = nng_aio_get_msg(s->aio);
     nng_aio_set_msg(s->aio, NULL);
+    s->pipe = nng_msg_get_pipe(m);
     s->state = SLOT_BUSY;
     atomic_fetch_add(&tp->busy, 1);
     atomic_store(&tp->last_recv_ns, lnorm__now_ns());
@@ -87,6 +103,7 @@ void lnorm__transport_reply(void *slot, nng_msg *msg)
 {
     lnorm__slot *s = slot;
     if (!msg) {
+        lnorm__reply_lost(s->tp, s->pipe, "out of memory");
         if (!atomic_load(&s->tp->draining) && !atomic_load(&s->tp->closing))
             lnorm__slot_recv(s);
         atomic_fetch_sub(&s->tp->busy, 1);
@@ -284,6 +301,32 @@ void lnorm__transport_drain(lnorm__transport *tp)
 int lnorm__transport_busy(lnorm__transport *tp)
 {
     return atomic_load(&tp->busy);
+}
+
+/* NNG 1.5 has no flush: a send completes when the pipe takes the reply,
+ * before the connection has carried it, and closing the socket then cuts
+ * it off. But a pipe's statistics count a message sent (tx_msgs) only
+ * once it is written out, and every request a REP pipe received (rx_msgs)
+ * gets one reply: so a pipe of ours with tx_msgs < rx_msgs still has a
+ * reply on its way (or a request not yet taken by a context, or one NNG
+ * discarded: the drain timeout bounds those). */
+int lnorm__transport_in_transit(lnorm__transport *tp)
+{
+    nng_stat *root;
+    if (!tp->sock_open || nng_stats_get(&root) != 0)
+        return 0; /* no statistics in this NNG build: nothing to wait for */
+    const uint64_t sid = (uint64_t)nng_socket_id(tp->sock);
+    int n = 0;
+    for (nng_stat *c = nng_stat_child(root); c; c = nng_stat_next(c)) {
+        if (strcmp(nng_stat_name(c), "pipe") != 0)
+            continue;
+        nng_stat *sk = nng_stat_find(c, "socket"), *rx = nng_stat_find(c, "rx_msgs"),
+                 *tx = nng_stat_find(c, "tx_msgs");
+        if (sk && rx && tx && nng_stat_value(sk) == sid && nng_stat_value(tx) < nng_stat_value(rx))
+            n++;
+    }
+    nng_stats_free(root);
+    return n;
 }
 
 uint64_t lnorm__transport_last_recv_ns(lnorm__transport *tp)

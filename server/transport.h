@@ -36,6 +36,9 @@ void lnorm__transport_reply(void *slot, nng_msg *msg);
 void lnorm__transport_drain(lnorm__transport *tp);
 /* Requests received and not yet replied to. */
 int lnorm__transport_busy(lnorm__transport *tp);
+/* Connections with a reply handed to NNG but not yet written out (from
+ * NNG's pipe statistics; 0 where the NNG build has none). */
+int lnorm__transport_in_transit(lnorm__transport *tp);
 /* When the last request arrived (monotonic ns). */
 uint64_t lnorm__transport_last_recv_ns(lnorm__transport *tp);
 /* Close the socket: pending receives end; replies after this are dropped. */

@@ -3,6 +3,7 @@
  * made of one or several request/reply exchanges (chunks) kept in flight up
  * to a depth, each completing through its aio callback.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,11 +157,26 @@ static nng_duration ms_to_dur(int ms)
     return ms < 0 ? NNG_DURATION_INFINITE : (nng_duration)ms;
 }
 
+/* NNG 1.5 initializes itself on first use with a check of a plain flag
+ * before its lock, so two threads opening their first sockets at once
+ * race (ThreadSanitizer reports it in libnng, from client.concurrent).
+ * The first use goes through pthread_once instead: one socket opened and
+ * closed, every later caller ordered after it. */
+static pthread_once_t lnorm__nng_once = PTHREAD_ONCE_INIT;
+
+static void lnorm__nng_first_use(void)
+{
+    nng_socket s;
+    if (nng_req0_open(&s) == 0)
+        nng_close(s);
+}
+
 int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
                       const lnorm_client_opts *opts)
 {
     if (!out || !urls || nurls == 0)
         return LNORM_EINVAL;
+    pthread_once(&lnorm__nng_once, lnorm__nng_first_use);
     *out = NULL;
     for (size_t i = 0; i < nurls; i++)
         if (!urls[i] || !urls[i][0])

@@ -977,8 +977,8 @@ static void seen_cb(void *arg, int err, const lnorm_result *res)
 
 static int test_async_start(void)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    printf("async_start: SKIPPED: ASan's shadow memory does not live under an address-space limit\n");
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    printf("async_start: SKIPPED: a sanitizer's allocator does not live under an address-space limit\n");
     return 77;
 #else
     char dir[256];

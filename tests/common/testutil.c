@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,18 +230,26 @@ void lnorm_test_tol_default(lnorm_test_tol *t)
     t->max_report = 5;
 }
 
+/* The worst ratio seen, over every thread that checks (test_named's
+ * concurrent case checks from several): under g_worst_mu. */
+static pthread_mutex_t g_worst_mu = PTHREAD_MUTEX_INITIALIZER;
 static double g_worst;
 static char g_worst_where[256];
 
 double lnorm_test_worst_ratio(void)
 {
-    return g_worst;
+    pthread_mutex_lock(&g_worst_mu);
+    double w = g_worst;
+    pthread_mutex_unlock(&g_worst_mu);
+    return w;
 }
 
 void lnorm_test_worst_reset(void)
 {
+    pthread_mutex_lock(&g_worst_mu);
     g_worst = 0.0;
     g_worst_where[0] = 0;
+    pthread_mutex_unlock(&g_worst_mu);
 }
 
 const char *lnorm_test_worst_where(void)
@@ -252,10 +261,14 @@ const char *lnorm_test_worst_where(void)
 static void note_ratio(const char *label, const char *what, double got, double want, double bound)
 {
     double r = bound > 0 ? fabs(got - want) / bound : (got == want ? 0.0 : INFINITY);
-    if (isfinite(r) && r > g_worst) {
+    if (!isfinite(r))
+        return;
+    pthread_mutex_lock(&g_worst_mu);
+    if (r > g_worst) {
         g_worst = r;
         snprintf(g_worst_where, sizeof g_worst_where, "%s of [%s]", what, label ? label : "?");
     }
+    pthread_mutex_unlock(&g_worst_mu);
 }
 
 typedef struct checkctx {

@@ -47,7 +47,8 @@ static atomic_int g_stop;
 static atomic_llong g_restart_ms; /* when the new lnormd was ready (0: not yet) */
 
 typedef struct cstats {
-    long ok, failed, ok_after_restart, reopens;
+    atomic_long ok; /* (read by main while the client runs) */
+    long failed, ok_after_restart, reopens;
     char problem[512];
 } cstats;
 
