@@ -1,5 +1,6 @@
 /* NNG rep0 socket + context pool; listeners on tcp://, ipc://, tls+tcp://. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,45 @@ struct lnorm__transport {
     atomic_uint_fast64_t last_recv_ns;
     nng_duration send_timeout_ms;
     atomic_uint_fast64_t last_drop_log_ns;
+    /* Replies handed to NNG, per live pipe (under pmu): the drain compares
+     * them with what each pipe has written (lnorm__transport_in_transit). */
+    pthread_mutex_t pmu;
+    struct lnorm__pipe_rec {
+        uint32_t id;
+        uint64_t handed;
+    } *pipes;
+    size_t npipes, cap_pipes;
 };
+
+/* One more reply handed to NNG on pipe p. (A failed allocation leaves it
+ * uncounted: the drain then cannot wait for it, as before.) */
+static void lnorm__pipe_handed(lnorm__transport *tp, nng_pipe p)
+{
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    if ((int)id <= 0)
+        return;
+    pthread_mutex_lock(&tp->pmu);
+    size_t i = 0;
+    while (i < tp->npipes && tp->pipes[i].id != id)
+        i++;
+    if (i == tp->npipes) {
+        if (tp->npipes == tp->cap_pipes) {
+            size_t cap = tp->cap_pipes ? 2 * tp->cap_pipes : 64;
+            void *np = realloc(tp->pipes, cap * sizeof *tp->pipes);
+            if (!np) {
+                pthread_mutex_unlock(&tp->pmu);
+                return;
+            }
+            tp->pipes = np;
+            tp->cap_pipes = cap;
+        }
+        tp->pipes[tp->npipes].id = id;
+        tp->pipes[tp->npipes].handed = 0;
+        tp->npipes++;
+    }
+    tp->pipes[i].handed++;
+    pthread_mutex_unlock(&tp->pmu);
+}
 
 /* A reply that cannot go (a send that timed out or failed, or none could be
  * made): rep0 forgets the request, so its client would wait on a live
@@ -76,6 +115,8 @@ static void lnorm__slot_cb(void *arg)
             nng_aio_set_msg(s->aio, NULL);
             if (rv != NNG_ECLOSED)
                 lnorm__reply_lost(tp, s->pipe, nng_strerror(rv));
+        } else {
+            lnorm__pipe_handed(tp, s->pipe);
         }
         /* While draining, a context that has replied receives no more. */
         if (!atomic_load(&tp->closing) && !atomic_load(&tp->draining) && rv != NNG_ECLOSED)
@@ -121,6 +162,16 @@ static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     lnorm__transport *tp = arg;
     if (ev == NNG_PIPE_EV_ADD_PRE && atomic_load(&tp->draining))
         nng_pipe_close(p);
+    if (ev == NNG_PIPE_EV_REM_POST) {
+        uint32_t id = (uint32_t)nng_pipe_id(p);
+        pthread_mutex_lock(&tp->pmu);
+        for (size_t i = 0; i < tp->npipes; i++)
+            if (tp->pipes[i].id == id) {
+                tp->pipes[i] = tp->pipes[--tp->npipes];
+                break;
+            }
+        pthread_mutex_unlock(&tp->pmu);
+    }
 }
 
 static char *lnorm__read_file(const char *path, char *err, size_t errlen)
@@ -236,12 +287,14 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
     lnorm__transport *tp = calloc(1, sizeof *tp);
     if (!tp)
         return LNORM_ENOMEM;
+    pthread_mutex_init(&tp->pmu, NULL);
     tp->on_msg = fn;
     tp->arg = arg;
     tp->send_timeout_ms = (nng_duration)cfg->send_timeout_ms;
     int rc = LNORM_OK, rv;
     if ((rv = nng_rep0_open(&tp->sock)) != 0) {
         snprintf(err, errlen, "rep0 socket: %s", nng_strerror(rv));
+        pthread_mutex_destroy(&tp->pmu);
         free(tp);
         return LNORM_ETRANSPORT;
     }
@@ -250,6 +303,7 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
      * they can be answered RESOURCE_EXHAUSTED; NNG drops larger ones. */
     nng_socket_set_size(tp->sock, NNG_OPT_RECVMAXSZ, (size_t)cfg->max_message_bytes + (1u << 20));
     nng_pipe_notify(tp->sock, NNG_PIPE_EV_ADD_PRE, lnorm__pipe_cb, tp);
+    nng_pipe_notify(tp->sock, NNG_PIPE_EV_REM_POST, lnorm__pipe_cb, tp);
     if (cfg->tls_cert[0])
         rc = lnorm__tls_setup(tp, cfg, err, errlen);
     for (int i = 0; rc == LNORM_OK && i < cfg->nlisten; i++)
@@ -306,10 +360,8 @@ int lnorm__transport_busy(lnorm__transport *tp)
 /* NNG 1.5 has no flush: a send completes when the pipe takes the reply,
  * before the connection has carried it, and closing the socket then cuts
  * it off. But a pipe's statistics count a message sent (tx_msgs) only
- * once it is written out, and every request a REP pipe received (rx_msgs)
- * gets one reply: so a pipe of ours with tx_msgs < rx_msgs still has a
- * reply on its way (or a request not yet taken by a context, or one NNG
- * discarded: the drain timeout bounds those). */
+ * once it is written out: a pipe of ours that has written fewer messages
+ * than we handed it replies still has one on its way. */
 int lnorm__transport_in_transit(lnorm__transport *tp)
 {
     nng_stat *root;
@@ -317,14 +369,18 @@ int lnorm__transport_in_transit(lnorm__transport *tp)
         return 0; /* no statistics in this NNG build: nothing to wait for */
     const uint64_t sid = (uint64_t)nng_socket_id(tp->sock);
     int n = 0;
+    pthread_mutex_lock(&tp->pmu);
     for (nng_stat *c = nng_stat_child(root); c; c = nng_stat_next(c)) {
         if (strcmp(nng_stat_name(c), "pipe") != 0)
             continue;
-        nng_stat *sk = nng_stat_find(c, "socket"), *rx = nng_stat_find(c, "rx_msgs"),
-                 *tx = nng_stat_find(c, "tx_msgs");
-        if (sk && rx && tx && nng_stat_value(sk) == sid && nng_stat_value(tx) < nng_stat_value(rx))
-            n++;
+        nng_stat *id = nng_stat_find(c, "id"), *sk = nng_stat_find(c, "socket"), *tx = nng_stat_find(c, "tx_msgs");
+        if (!id || !sk || !tx || nng_stat_value(sk) != sid)
+            continue;
+        for (size_t i = 0; i < tp->npipes; i++)
+            if (tp->pipes[i].id == (uint32_t)nng_stat_value(id) && nng_stat_value(tx) < tp->pipes[i].handed)
+                n++;
     }
+    pthread_mutex_unlock(&tp->pmu);
     nng_stats_free(root);
     return n;
 }
@@ -357,6 +413,8 @@ void lnorm__transport_destroy(lnorm__transport *tp)
         }
     }
     free(tp->slots);
+    free(tp->pipes);
+    pthread_mutex_destroy(&tp->pmu);
     if (tp->tls)
         nng_tls_config_free(tp->tls);
     free(tp);
