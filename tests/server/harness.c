@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,8 +234,21 @@ int ts_run(const char *lnormd, const char *const *args, char *out, size_t outlen
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* NNG 1.5's lazy initialisation races when threads open their first
+ * sockets at once (ThreadSanitizer, in libnng): the first open goes
+ * through pthread_once, as in liblnorm. */
+static pthread_once_t ts_nng_once = PTHREAD_ONCE_INIT;
+
+static void ts_nng_first_use(void)
+{
+    nng_socket s;
+    if (nng_req0_open(&s) == 0)
+        nng_close(s);
+}
+
 int ts_dial(nng_socket *s, const char *url)
 {
+    pthread_once(&ts_nng_once, ts_nng_first_use);
     int rv = nng_req0_open(s);
     if (rv == 0)
         rv = nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, 20000);
