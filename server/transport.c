@@ -42,8 +42,9 @@ struct lnorm__transport {
     atomic_uint_fast64_t last_recv_ns;
     nng_duration send_timeout_ms;
     atomic_uint_fast64_t last_drop_log_ns;
-    /* Replies handed to NNG, per live pipe (under pmu): the drain compares
-     * them with what each pipe has written (lnorm__transport_in_transit). */
+    /* Replies handed to NNG, per live pipe (under pmu; an entry from the
+     * pipe's ADD_POST to its REM_POST event): the drain compares them with
+     * what each pipe has written (lnorm__transport_in_transit). */
     pthread_mutex_t pmu;
     struct lnorm__pipe_rec {
         uint32_t id;
@@ -52,33 +53,18 @@ struct lnorm__transport {
     size_t npipes, cap_pipes;
 };
 
-/* One more reply handed to NNG on pipe p. (A failed allocation leaves it
- * uncounted: the drain then cannot wait for it, as before.) */
+/* One more reply handed to NNG on pipe p. Only live pipes have an entry:
+ * rep0 completes a send to a pipe that is gone as if it had gone out, and
+ * that one is not counted (nor kept). */
 static void lnorm__pipe_handed(lnorm__transport *tp, nng_pipe p)
 {
     uint32_t id = (uint32_t)nng_pipe_id(p);
-    if ((int)id <= 0)
-        return;
     pthread_mutex_lock(&tp->pmu);
-    size_t i = 0;
-    while (i < tp->npipes && tp->pipes[i].id != id)
-        i++;
-    if (i == tp->npipes) {
-        if (tp->npipes == tp->cap_pipes) {
-            size_t cap = tp->cap_pipes ? 2 * tp->cap_pipes : 64;
-            void *np = realloc(tp->pipes, cap * sizeof *tp->pipes);
-            if (!np) {
-                pthread_mutex_unlock(&tp->pmu);
-                return;
-            }
-            tp->pipes = np;
-            tp->cap_pipes = cap;
+    for (size_t i = 0; i < tp->npipes; i++)
+        if (tp->pipes[i].id == id) {
+            tp->pipes[i].handed++;
+            break;
         }
-        tp->pipes[tp->npipes].id = id;
-        tp->pipes[tp->npipes].handed = 0;
-        tp->npipes++;
-    }
-    tp->pipes[i].handed++;
     pthread_mutex_unlock(&tp->pmu);
 }
 
@@ -162,8 +148,26 @@ static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     lnorm__transport *tp = arg;
     if (ev == NNG_PIPE_EV_ADD_PRE && atomic_load(&tp->draining))
         nng_pipe_close(p);
-    if (ev == NNG_PIPE_EV_REM_POST) {
-        uint32_t id = (uint32_t)nng_pipe_id(p);
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        /* (A failed allocation leaves the pipe untracked: the drain then
+         * cannot wait for its replies, as before it could.) */
+        pthread_mutex_lock(&tp->pmu);
+        if (tp->npipes == tp->cap_pipes) {
+            size_t cap = tp->cap_pipes ? 2 * tp->cap_pipes : 64;
+            void *np = realloc(tp->pipes, cap * sizeof *tp->pipes);
+            if (np) {
+                tp->pipes = np;
+                tp->cap_pipes = cap;
+            }
+        }
+        if (tp->npipes < tp->cap_pipes) {
+            tp->pipes[tp->npipes].id = id;
+            tp->pipes[tp->npipes].handed = 0;
+            tp->npipes++;
+        }
+        pthread_mutex_unlock(&tp->pmu);
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
         pthread_mutex_lock(&tp->pmu);
         for (size_t i = 0; i < tp->npipes; i++)
             if (tp->pipes[i].id == id) {
@@ -303,6 +307,7 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
      * they can be answered RESOURCE_EXHAUSTED; NNG drops larger ones. */
     nng_socket_set_size(tp->sock, NNG_OPT_RECVMAXSZ, (size_t)cfg->max_message_bytes + (1u << 20));
     nng_pipe_notify(tp->sock, NNG_PIPE_EV_ADD_PRE, lnorm__pipe_cb, tp);
+    nng_pipe_notify(tp->sock, NNG_PIPE_EV_ADD_POST, lnorm__pipe_cb, tp);
     nng_pipe_notify(tp->sock, NNG_PIPE_EV_REM_POST, lnorm__pipe_cb, tp);
     if (cfg->tls_cert[0])
         rc = lnorm__tls_setup(tp, cfg, err, errlen);
