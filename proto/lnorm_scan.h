@@ -31,6 +31,13 @@
 /* Sub-messages deeper than this are not entered (lnorm.v1 nests 3 deep). */
 #define LNORM__SCAN_MAX_DEPTH 8
 
+/* What lnormd accepts in a request and liblnorm in a health or info reply:
+ * at most this many fields outside the schema (the message and its
+ * sub-messages together), of at most this many encoded bytes in all;
+ * enough for liblnorm's padding field and a newer peer's few new fields. */
+#define LNORM__MAX_UNKNOWN_FIELDS 16u
+#define LNORM__MAX_UNKNOWN_BYTES 4096u
+
 typedef struct lnorm__scan {
     unsigned unknown;                         /* fields not in the schema */
     size_t unknown_bytes;                     /* their encoded bytes */

@@ -28,11 +28,9 @@ typedef struct lnorm__limits {
  * the schema, skipped by every reader. */
 #define LNORM__PAD_FIELD 2047u
 
-/* A request may carry at most this many fields that are not in the schema
- * (in the Request and its sub-messages), of at most this many encoded bytes
- * in all; more is INVALID_ARGUMENT (docs/protocol.md). */
-#define LNORM__MAX_UNKNOWN_FIELDS 16u
-#define LNORM__MAX_UNKNOWN_BYTES 4096u
+/* LNORM__MAX_UNKNOWN_FIELDS / _BYTES (lnorm_scan.h): a request with more
+ * fields outside the schema is INVALID_ARGUMENT (docs/protocol.md). */
+#include "lnorm_scan.h"
 
 /* lnorm__decoded.borrowed */
 #define LNORM__BORROWED_X 1

@@ -108,9 +108,9 @@ static void lnorm__on_housekeeping(uv_timer_t *t)
     uint64_t now = lnorm__now_ns();
     if (atomic_load(&d->draining)) {
         /* Contexts stop receiving once they have replied, so busy falls to
-         * 0 once everything received is answered. */
-        /* ... and the socket is closed only once the replies are written
-         * out: closing it cuts off a reply still on its way. */
+         * 0 once everything received is answered; the socket is closed only
+         * once those replies are written out too (closing it cuts off a
+         * reply still on its way). */
         int transit = 0;
         if (lnorm__transport_busy(d->tp) == 0 && lnorm__batcher_idle(d->batcher) &&
             (transit = lnorm__transport_in_transit(d->tp)) == 0) {

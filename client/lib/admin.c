@@ -34,16 +34,18 @@ static void copy_str(char *dst, size_t cap, const char *src)
     snprintf(dst, cap, "%s", src ? src : "");
 }
 
-/* A health or info body protobuf-c may unpack: the schema's fields, at most
- * 16 others (of 4096 bytes in all) and 64 repeated entries (an InfoResponse
- * lists a few backends and devices), no NUL in a string. A hostile reply of
- * many tiny fields would cost some 45 times its size to unpack. */
+/* A health or info body protobuf-c may unpack: the schema's fields, the
+ * few others of lnorm_scan.h's limits, at most 64 repeated entries (an
+ * InfoResponse lists a few backends and devices), no NUL in a string. A
+ * hostile reply of many tiny fields would cost some 45 times its size to
+ * unpack. */
 static int admin_body_ok(const ProtobufCMessageDescriptor *desc, const lnorm__resp_view *resp)
 {
     lnorm__scan sc = {0};
     if (lnorm__scan_message(resp->body_bytes.p, resp->body_bytes.n, desc, 0, &sc) != 0)
         return 1; /* malformed: protobuf-c rejects it */
-    return sc.unknown <= 16 && sc.unknown_bytes <= 4096 && sc.repeated <= 64 && !sc.nul;
+    return sc.unknown <= LNORM__MAX_UNKNOWN_FIELDS && sc.unknown_bytes <= LNORM__MAX_UNKNOWN_BYTES &&
+           sc.repeated <= 64 && !sc.nul;
 }
 
 static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *resp)
@@ -52,13 +54,10 @@ static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *res
     (void)i;
     if (resp->body != (int)st->req.body_case)
         return LNORM_EPROTO;
-    if (resp->body == LNORM__V1__RESPONSE__BODY_HEALTH &&
-        !admin_body_ok(&lnorm__v1__health_response__descriptor, resp))
-        return LNORM_EPROTO;
-    if (resp->body == LNORM__V1__RESPONSE__BODY_INFO && !admin_body_ok(&lnorm__v1__info_response__descriptor, resp))
-        return LNORM_EPROTO;
     switch (resp->body) {
     case LNORM__V1__RESPONSE__BODY_HEALTH: {
+        if (!admin_body_ok(&lnorm__v1__health_response__descriptor, resp))
+            return LNORM_EPROTO;
         Lnorm__V1__HealthResponse *h =
             lnorm__v1__health_response__unpack(NULL, resp->body_bytes.n, resp->body_bytes.p);
         if (!h)
@@ -68,6 +67,8 @@ static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *res
         return LNORM_OK;
     }
     case LNORM__V1__RESPONSE__BODY_INFO: {
+        if (!admin_body_ok(&lnorm__v1__info_response__descriptor, resp))
+            return LNORM_EPROTO;
         Lnorm__V1__InfoResponse *in =
             lnorm__v1__info_response__unpack(NULL, resp->body_bytes.n, resp->body_bytes.p);
         lnorm_server_info *o = st->out_info;
