@@ -5,7 +5,8 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     (default 60 s each, every target)
 #
 # Environment: FUZZ_BUILD (build folder, default build-fuzz), FUZZ_JOBS
-# (build parallelism, default 2), FUZZ_JSON (write a JSON summary there).
+# (build parallelism, default 2), FUZZ_JSON (write a JSON summary there:
+# device, date, commit, command, compiler and each target's figures).
 # Exits non-zero if a build fails or any target finds a crash, leak,
 # timeout or out-of-memory: the reproducer is left in
 # $FUZZ_BUILD/artifacts/; copy it into fuzz/corpus/<target>/ (as
@@ -80,9 +81,19 @@ for t in "${targets[@]}"; do
   summary+=("{\"target\": \"$t\", \"seconds\": $secs, \"exit\": $rc, \"executions\": ${execs:-0}, \"cov\": ${cov:-0}, \"ft\": ${ft:-0}, \"corpus\": ${corp:-0}, \"artifacts\": $crashes}")
 done
 if [ -n "${FUZZ_JSON:-}" ]; then
-  { echo "["; for i in "${!summary[@]}"; do
+  model=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -1)
+  { echo "{"
+    echo "  \"device\": \"${model:-unknown CPU}, $(nproc) CPUs\","
+    echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+    echo "  \"commit\": \"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\","
+    echo "  \"command\": \"scripts/fuzz.sh $secs ${targets[*]}\","
+    echo "  \"compiler\": \"$("$cc" --version | head -1)\","
+    echo "  \"runs\": ["
+    for i in "${!summary[@]}"; do
       sep=,; [ "$i" -eq $((${#summary[@]} - 1)) ] && sep=
-      echo "  ${summary[$i]}$sep"; done; echo "]"; } >"$FUZZ_JSON"
+      echo "    ${summary[$i]}$sep"; done
+    echo "  ]"
+    echo "}"; } >"$FUZZ_JSON"
   echo "fuzz.sh: summary written to $FUZZ_JSON"
 fi
 exit $fail

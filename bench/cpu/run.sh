@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build and run lnorm-cpu-bench (CPU backend beside memcpy and oneDNN, same
-# process) and write bench/results/cpu-<date>.json: device (CPU model), date,
+# process) and write bench/results/cpu.json: device (CPU model), date,
 # commit and every figure. Installs libdnnl-dev first when missing and run
 # as root (the oneDNN peer is skipped, not faked, when it cannot be had).
-# A second file, cpu-<date>-threadclock.json, holds single-thread figures
+# A second file, cpu-threadclock.json, holds single-thread figures
 # timed by the thread's CPU time (steadier on a shared machine).
 # Usage: bench/cpu/run.sh [lnorm-cpu-bench options, e.g. --runs 9 --threads 2]
 set -euo pipefail
@@ -47,15 +47,14 @@ CMK
 fi
 cmake --build "$build" -j "$jobs" --target lnorm-cpu-bench >/dev/null
 
-date=$(date -u +%Y-%m-%d)
 commit=$(git rev-parse HEAD)
 if ! git diff --quiet HEAD -- kernels/core kernels/cpu kernels/CMakeLists.txt bench/cpu include 2>/dev/null; then
   commit="$commit+uncommitted-changes"
 fi
 mkdir -p bench/results
 # Wall clock, 1 and 2 threads: the figures of record.
-"$build/bench/cpu/lnorm-cpu-bench" --json "bench/results/cpu-$date.json" --commit "$commit" "$@"
+"$build/bench/cpu/lnorm-cpu-bench" --json "bench/results/cpu.json" --commit "$commit" "$@"
 # The same single-threaded, timed by the thread's CPU time: steadier when
 # the machine is shared (time the thread was descheduled is not counted).
-"$build/bench/cpu/lnorm-cpu-bench" --json "bench/results/cpu-$date-threadclock.json" --commit "$commit" \
+"$build/bench/cpu/lnorm-cpu-bench" --json "bench/results/cpu-threadclock.json" --commit "$commit" \
   --clock thread "$@"

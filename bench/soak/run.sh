@@ -2,7 +2,7 @@
 # The long soak: lnormd under full load from several clients (tcp and ipc)
 # for SECONDS (default 300), zero errors allowed, RSS growth after warm-up
 # under 5%. Builds lnormd and the soak driver (tests/fault/test_soak.c) in
-# build-rel, and writes bench/results/soak-<date>.json.
+# build-rel, and writes bench/results/soak.json (with device, date, commit).
 #
 #   bench/soak/run.sh [SECONDS] [CLIENTS_PER_URL]
 #
@@ -16,5 +16,14 @@ bash scripts/bootstrap
 [ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -DLNORM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "${SOAK_JOBS:-2}" --target lnormd fault_soak
 mkdir -p bench/results
-out=bench/results/soak-$(date -u +%Y-%m-%d).json
+out=bench/results/soak.json
 "$build/tests/fault/fault_soak" "$PWD/$build/server/lnormd" --seconds "$secs" --clients-per-url "$k" --json "$out"
+python3 - "$out" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$secs" "$k" <<'PY'
+import json, os, sys
+out, commit, secs, k = sys.argv[1:]
+d = json.load(open(out))
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
+head = {"device": "%s, %d CPUs" % (model, os.cpu_count()), "date": d.get("date"), "commit": commit,
+        "command": "bench/soak/run.sh %s %s" % (secs, k)}
+json.dump({**head, **{key: v for key, v in d.items() if key not in head}}, open(out, "w"), indent=1)
+PY
