@@ -209,11 +209,11 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
         rv = lnorm__from_nng(rv);
         goto fail_sync;
     }
+    /* NNG's own REQ resend stays off: liblnorm resends (try_resend). */
     if ((rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, o.max_recv_bytes)) != 0 ||
         (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, o.reconnect_min_ms)) != 0 ||
         (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, o.reconnect_max_ms)) != 0 ||
-        (rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME,
-                                o.resend_ms > 0 ? o.resend_ms : NNG_DURATION_INFINITE)) != 0) {
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0) {
         rv = lnorm__from_nng(rv);
         goto fail_sock;
     }
@@ -292,6 +292,12 @@ static int slot_get(lnorm_client *c, lnorm__slot **out)
         return lnorm__from_nng(rv);
     }
     if ((rv = nng_ctx_open(&s->ctx, c->sock)) != 0) {
+        nng_aio_free(s->aio);
+        free(s);
+        return lnorm__from_nng(rv);
+    }
+    if ((rv = nng_ctx_set_ms(s->ctx, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0) {
+        nng_ctx_close(s->ctx);
         nng_aio_free(s->aio);
         free(s);
         return lnorm__from_nng(rv);
@@ -412,6 +418,7 @@ static void start_chunk(lnorm__call *call, uint64_t i)
     s->chunk = i;
     s->id = id;
     s->resends = 0;
+    s->timer_resends = 0;
     s->sent = 0;
     s->has_deadline = 0;
     s->sending = 1;
@@ -459,7 +466,7 @@ static void handle_reply(lnorm__call *call, uint64_t i, uint64_t id, nng_msg *m,
 }
 
 /* Whether an exchange failed because the connection carrying it dropped
- * (REQ with no resend time fails the context's receive with ECONNRESET
+ * (with NNG's REQ resend off, a context's receive fails with ECONNRESET
  * when its pipe closes). ECLOSED also comes from our own close: the
  * caller checks c->closing. */
 static int conn_dropped(int rv)
@@ -478,25 +485,62 @@ static nng_duration time_left(const lnorm__slot *s)
     return left > INT32_MAX ? INT32_MAX : (nng_duration)left;
 }
 
+/* How long the receive of a sent request may wait: until the reply
+ * deadline, and no longer than resend_ms when it is > 0 (the receive then
+ * times out and try_resend sends the request again). */
+static nng_duration recv_wait(const lnorm__slot *s)
+{
+    nng_duration to = s->call->recv_timeout;
+    if (s->has_deadline) {
+        to = time_left(s);
+        if (to < 1)
+            to = 1;
+    }
+    int every = s->c->opts.resend_ms;
+    if (every > 0 && (to < 0 || to > every))
+        to = every;
+    return to;
+}
+
+/* Whether the exchange that failed with rv may be resent, and counts it:
+ * after its connection dropped (at most LNORM__MAX_RESENDS times), or
+ * when its receive timed out after resend_ms (as often as the reply
+ * deadline allows; only a receive, never a send that found no
+ * connection). */
+static int resend_allowed(lnorm__slot *s, int rv)
+{
+    if (conn_dropped(rv)) {
+        if (s->resends >= LNORM__MAX_RESENDS)
+            return 0;
+        s->resends++;
+        return 1;
+    }
+    if (rv == NNG_ETIMEDOUT && !s->sending && s->c->opts.resend_ms > 0 &&
+        (!s->has_deadline || time_left(s) > 0)) {
+        s->timer_resends++;
+        return 1;
+    }
+    return 0;
+}
+
 /*
- * After the exchange of the slot's chunk failed with rv: if the connection
- * dropped, the client is not closing, the call has not failed, resends are
- * left and the reply timeout (counted from the first send) has not
- * expired, send the same request again on the same context (NNG dials
- * again by itself; the send waits for a connection). Returns 1 when the
- * request was resent: the slot's callback will run again and the caller
- * must not touch the slot; 0 otherwise. The aio holds no message here.
+ * After the exchange of the slot's chunk failed with rv: if resend_allowed,
+ * the client is not closing, the call has not failed and the reply timeout
+ * (counted from the first send) has not expired, send the same request
+ * (same request id) again on the same context: req0 drops the old
+ * exchange, so a late reply to it is discarded; NNG dials again by itself
+ * and the send waits for a connection. Returns 1 when the request was
+ * resent: the slot's callback will run again and the caller must not touch
+ * the slot; 0 otherwise. The aio holds no message here.
  */
 static int try_resend(lnorm__slot *s, int rv)
 {
     lnorm_client *c = s->c;
     lnorm__call *call = s->call;
-    if (!conn_dropped(rv) || s->resends >= LNORM__MAX_RESENDS)
-        return 0;
     nng_mtx_lock(c->mtx);
     int stop = c->closing || call->failed;
     nng_mtx_unlock(c->mtx);
-    if (stop)
+    if (stop || !resend_allowed(s, rv))
         return 0;
     nng_duration send_to = ms_to_dur(c->opts.send_timeout_ms);
     if (s->has_deadline) {
@@ -509,7 +553,6 @@ static int try_resend(lnorm__slot *s, int rv)
     nng_msg *m = NULL;
     if (call->ops->make(call, s->chunk, s->id, &m) != LNORM_OK)
         return 0;
-    s->resends++;
     s->sending = 1;
     nng_aio_set_msg(s->aio, m);
     nng_aio_set_timeout(s->aio, send_to);
@@ -517,68 +560,75 @@ static int try_resend(lnorm__slot *s, int rv)
     return 1;
 }
 
-static void slot_cb(void *arg)
+/* The request of the slot is sent: wait for its reply. The reply timeout
+ * runs from the first send, resends included. */
+static void slot_sent(lnorm__slot *s)
 {
-    lnorm__slot *s = arg;
+    s->sending = 0;
+    if (!s->sent) {
+        s->sent = 1;
+        s->has_deadline = s->call->recv_timeout >= 0;
+        if (s->has_deadline)
+            s->deadline = nng_clock() + (nng_time)s->call->recv_timeout;
+    }
+    nng_aio_set_timeout(s->aio, recv_wait(s));
+    nng_ctx_recv(s->ctx, s->aio);
+}
+
+/* Give the slot back and account for its chunk; err/status/why describe
+ * how the exchange ended (rv: NNG's result). */
+static void slot_done(lnorm__slot *s, int rv, int err, int status, char *why, size_t whylen)
+{
     lnorm_client *c = s->c;
     lnorm__call *call = s->call;
-    int rv = nng_aio_result(s->aio);
-    int err = LNORM_OK, status = -1;
-    char why[200];
-    why[0] = 0;
-    if (s->sending) {
-        if (rv == 0) {
-            s->sending = 0;
-            nng_duration to = call->recv_timeout;
-            if (!s->sent) {
-                /* The reply timeout runs from the first send, resends
-                 * included. */
-                s->sent = 1;
-                s->has_deadline = to >= 0;
-                if (s->has_deadline)
-                    s->deadline = nng_clock() + (nng_time)to;
-            } else if (s->has_deadline) {
-                to = time_left(s);
-                if (to < 1)
-                    to = 1;
-            }
-            nng_aio_set_timeout(s->aio, to);
-            nng_ctx_recv(s->ctx, s->aio);
-            return;
-        }
-        nng_msg_free(nng_aio_get_msg(s->aio));
-        nng_aio_set_msg(s->aio, NULL);
-        if (try_resend(s, rv))
-            return;
-        err = lnorm__from_nng(rv);
-        snprintf(why, sizeof why, "send failed: %s", nng_strerror(rv));
-    } else if (rv != 0) {
-        if (try_resend(s, rv))
-            return;
-        err = lnorm__from_nng(rv);
-        snprintf(why, sizeof why, "%s", rv == NNG_ETIMEDOUT ? "no reply before the timeout"
-                                                           : nng_strerror(rv));
-    } else {
-        nng_msg *m = nng_aio_get_msg(s->aio);
-        nng_aio_set_msg(s->aio, NULL);
-        handle_reply(call, s->chunk, s->id, m, &err, &status, why, sizeof why);
-        lnorm__msg_put(c, m);
-    }
-    if (rv != 0 && s->resends > 0) {
+    int resends = s->resends + s->timer_resends;
+    if (rv != 0 && resends > 0) {
         size_t n = strlen(why);
-        snprintf(why + n, sizeof why - n, " (after %d resend%s)", s->resends,
-                 s->resends == 1 ? "" : "s");
+        snprintf(why + n, whylen - n, " (after %d resend%s)", resends, resends == 1 ? "" : "s");
     }
     nng_mtx_lock(c->mtx);
     if (rv != 0 && c->closing) {
         err = LNORM_ECLOSED;
-        snprintf(why, sizeof why, "client closed (%s)", nng_strerror(rv));
+        snprintf(why, whylen, "client closed (%s)", nng_strerror(rv));
     }
     s->call = NULL;
     s->next_free = c->free_slots;
     c->free_slots = s;
     chunk_account(call, s->chunk, err, status, why);
     advance_unlock(call);
+}
+
+static void slot_cb(void *arg)
+{
+    lnorm__slot *s = arg;
+    int rv = nng_aio_result(s->aio);
+    int err = LNORM_OK, status = -1;
+    char why[200];
+    why[0] = 0;
+    if (s->sending && rv == 0) {
+        slot_sent(s);
+        return;
+    }
+    if (rv != 0) {
+        if (s->sending) {
+            nng_msg_free(nng_aio_get_msg(s->aio));
+            nng_aio_set_msg(s->aio, NULL);
+        }
+        if (try_resend(s, rv))
+            return;
+        err = lnorm__from_nng(rv);
+        if (s->sending)
+            snprintf(why, sizeof why, "send failed: %s", nng_strerror(rv));
+        else
+            snprintf(why, sizeof why, "%s",
+                     rv == NNG_ETIMEDOUT ? "no reply before the timeout" : nng_strerror(rv));
+    } else {
+        nng_msg *m = nng_aio_get_msg(s->aio);
+        nng_aio_set_msg(s->aio, NULL);
+        handle_reply(s->call, s->chunk, s->id, m, &err, &status, why, sizeof why);
+        lnorm__msg_put(s->c, m);
+    }
+    slot_done(s, rv, err, status, why, sizeof why);
 }
 
 int lnorm__call_new(lnorm_client *c, const lnorm__call_ops *ops, lnorm__call **out)

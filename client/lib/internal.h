@@ -74,7 +74,8 @@ struct lnorm__call {
 /* Messages kept for reuse per client (at most; see lnorm__msg_put). */
 #define LNORM__MSG_POOL 8
 
-/* At most this many resends of one chunk after its connection dropped. */
+/* At most this many resends of one chunk after its connection dropped
+ * (resends after resend_ms are bounded by the reply timeout instead). */
 #define LNORM__MAX_RESENDS 4
 
 /* One NNG context and its aio, reused from call to call. */
@@ -87,7 +88,8 @@ struct lnorm__slot {
     lnorm__call *call;
     uint64_t chunk;
     uint64_t id;             /* request id of the chunk (kept for resends) */
-    int resends;             /* resends of the chunk so far */
+    int resends;             /* resends after a dropped connection */
+    int timer_resends;       /* resends after resend_ms without a reply */
     int sent;                /* the chunk's first send has completed */
     int has_deadline;        /* 0: the reply timeout is infinite */
     nng_time deadline;       /* first send + reply timeout */

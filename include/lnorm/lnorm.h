@@ -67,17 +67,18 @@ typedef struct lnorm_client_opts {
     int recv_timeout_ms;     /* time to wait for a reply once sent (default 30000) */
     int reconnect_min_ms;    /* NNG reconnect back-off, first wait (default 100) */
     int reconnect_max_ms;    /* NNG reconnect back-off, longest wait (default 2000) */
-    int resend_ms;           /* REQ resend interval; <= 0: never resend on a live
-                                connection (default; requests on a dropped
+    int resend_ms;           /* resend a request with no reply after this long,
+                                until its reply timeout; <= 0: never resend on a
+                                live connection (default; requests on a dropped
                                 connection are still resent elsewhere) */
     /* A request whose connection drops before its reply (server killed
      * or restarted, connection reset) is sent again, the same request, on
      * the next connection available (to the same server once it is back,
-     * or to another of the client's URLs): with resend_ms > 0 NNG does it;
-     * with resend_ms <= 0 the library does it, up to 4 times per request
-     * and only while the request's reply timeout, counted from its first
+     * or to another of the client's URLs), up to 4 times per request and
+     * only while the request's reply timeout, counted from its first
      * send, has not expired (each wait for a connection is also bounded by
-     * send_timeout_ms). Normalize, health and info are idempotent; for
+     * send_timeout_ms). The library does every resend itself (NNG's REQ
+     * resend is off). Normalize, health and info are idempotent; for
      * register_params and drop_params see there. */
     size_t chunk_bytes;      /* bytes of x per chunk (0: LNORM_DEFAULT_CHUNK_BYTES) */
     int pipeline_depth;      /* chunks of one call in flight at once (0: default) */
