@@ -1,9 +1,10 @@
 /*
- * CPU backend adapter: job threads that run batches with lnorm_cpu_run
- * (which splits rows over the core's worker pool). Several jobs in flight.
- * A small batch (up to LNORM__CPU_INLINE_BYTES of payload) runs at once on
- * the thread that submits it, and done is called there before submit
- * returns: handing it to a job thread would cost more than computing it.
+ * CPU backend adapter: job threads that run lnormd's batches with
+ * lnorm_cpu_run (kernels/cpu, which splits rows over its worker pool).
+ * Several jobs in flight. A small batch (up to LNORM__CPU_INLINE_BYTES of
+ * payload) runs at once on the thread that submits it, and done is called
+ * there before submit returns: handing it to a job thread would cost more
+ * than computing it.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -123,8 +124,11 @@ static void lnorm__cpu_destroy(lnorm__backend *be)
     free(b);
 }
 
+/* Host memory as it comes: inputs read where they arrived, y over x (the
+ * row kernels read each vector of x before writing y at its place). */
 static const lnorm__backend_ops lnorm__cpu_ops = {
     .name = "cpu",
+    .caps = LNORM__BACKEND_CAP_BORROW_INPUT | LNORM__BACKEND_CAP_IN_PLACE,
     .submit = lnorm__cpu_submit,
     .buf_alloc = NULL,
     .buf_free = NULL,
@@ -133,7 +137,7 @@ static const lnorm__backend_ops lnorm__cpu_ops = {
     .destroy = lnorm__cpu_destroy,
 };
 
-int lnorm__backend_cpu_create_ex(lnorm__backend **out, int nthreads, int njobs)
+int lnorm__backend_cpu_create(lnorm__backend **out, int nthreads, int njobs)
 {
     if (njobs < 1 || njobs > 64 || nthreads < 0)
         return LNORM_EINVAL;
@@ -164,9 +168,4 @@ int lnorm__backend_cpu_create_ex(lnorm__backend **out, int nthreads, int njobs)
     }
     *out = &b->base;
     return LNORM_OK;
-}
-
-int lnorm__backend_cpu_create(lnorm__backend **out, int nthreads)
-{
-    return lnorm__backend_cpu_create_ex(out, nthreads, 2);
 }

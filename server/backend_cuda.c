@@ -1,5 +1,5 @@
 /*
- * The CUDA backend of lnormd (server/backend.h). Per GPU: a submission
+ * The CUDA backend of lnormd (backend_cuda.h). Per GPU: a submission
  * queue, a worker thread, a completion thread and a ring of batch slots,
  * under the GPU's own lock (nothing is shared between GPUs but a job
  * counter read without a lock). Each slot owns a device arena, a pinned
@@ -42,7 +42,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "backend.h"
+#include "backend_cuda.h"
 #include "lnorm_cuda.h"
 
 #define LNORM__CUDA_MAX_GPUS 16
@@ -101,7 +101,7 @@ typedef struct lnorm__cuda_slot {
     size_t nparams;
     /* the job in the slot */
     lnorm__job *job;
-    int fault;             /* injected fault (LNORM_CUDA_FAULT_EVERY) */
+    int fault;             /* injected fault (fault_every) */
     int err;               /* enqueue error (then done_ev is not waited for) */
     const char *why;
     int enqueued;          /* work and done_ev are on the stream */
@@ -146,7 +146,7 @@ struct lnorm__cuda_be {
     int sync;
     int fallback;
     lnorm_cpu *cpu;        /* the CPU fallback (fallback = cpu) */
-    uint64_t fault_every;  /* LNORM_CUDA_FAULT_EVERY (test only), 0: off */
+    uint64_t fault_every;  /* test only, 0: off */
     atomic_uint_fast64_t fault_seq;
     atomic_int stopping;
     atomic_uint_fast64_t n_errors, n_fallback, n_staged, n_direct, n_oversize;
@@ -335,7 +335,7 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
             return rc;
     }
     if (sl->fault) {
-        sl->why = "injected fault (LNORM_CUDA_FAULT_EVERY, test only)";
+        sl->why = "injected fault (fault_every, test only)";
         return LNORM_ECUDA;
     }
     if (b->nsegs == 0)
@@ -832,9 +832,11 @@ static void lnorm__cuda_describe(lnorm__backend *base, char *buf, size_t n)
     for (int i = 0; i < be->ngpus && len > 0 && (size_t)len < n; i++)
         len += snprintf(buf + len, n - (size_t)len, " %d:%s", be->gpus[i].dev, lnorm__sched_name(be->gpus[i].sched));
     if (len > 0 && (size_t)len < n)
-        len += snprintf(buf + len, n - (size_t)len, "); fallback %s%s",
-                        be->fallback == LNORM__CUDA_FALLBACK_CPU ? "cpu" : "none",
-                        be->fault_every ? ", FAULT INJECTION ON (LNORM_CUDA_FAULT_EVERY)" : "");
+        len += snprintf(buf + len, n - (size_t)len, "); fallback %s",
+                        be->fallback == LNORM__CUDA_FALLBACK_CPU ? "cpu" : "none");
+    if (be->fault_every && len > 0 && (size_t)len < n)
+        snprintf(buf + len, n - (size_t)len, ", FAULT INJECTION ON (every %llu jobs, test only)",
+                 (unsigned long long)be->fault_every);
 }
 
 static void lnorm__cuda_free_gpu(lnorm__cuda_gpu *g)
@@ -902,6 +904,7 @@ static void lnorm__cuda_destroy(lnorm__backend *base)
 
 static const lnorm__backend_ops lnorm__cuda_ops = {
     .name = "cuda",
+    .caps = LNORM__BACKEND_CAP_PINNED_BUFFERS,
     .submit = lnorm__cuda_submit,
     .buf_alloc = lnorm__cuda_buf_alloc,
     .buf_free = lnorm__cuda_buf_free,
@@ -1078,13 +1081,7 @@ int lnorm__backend_cuda_create_opts(lnorm__backend **out, const lnorm__cuda_opts
     atomic_init(&be->n_staged, 0);
     atomic_init(&be->n_direct, 0);
     atomic_init(&be->n_oversize, 0);
-    const char *fe = getenv("LNORM_CUDA_FAULT_EVERY");
-    if (fe && *fe) {
-        char *end;
-        unsigned long long v = strtoull(fe, &end, 10);
-        if (*end == 0 && v >= 1)
-            be->fault_every = v;
-    }
+    be->fault_every = o->fault_every;
     /* The staging arenas: at most half the device arena each, so that a
      * batch staged in full always fits the arena. */
     size_t staging = o->staging_bytes;

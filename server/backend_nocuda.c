@@ -1,5 +1,5 @@
 /* lnormd built without CUDA: the CUDA backend does not exist. */
-#include "backend.h"
+#include "backend_cuda.h"
 
 int lnorm__backend_cuda_create_opts(lnorm__backend **out, const lnorm__cuda_opts *o)
 {

@@ -1,4 +1,10 @@
-/* Batch formation and the backend job life cycle. */
+/*
+ * Batch formation and the backend job life cycle. Batches form under the
+ * lock on whichever thread has cause: the one that queues a request, the
+ * one that finishes a batch (the backend has room again), and the loop
+ * thread when the timerfd fires (a max_queue_delay_us wait ends, a queued
+ * deadline passes) or the options change.
+ */
 #include <pthread.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -19,7 +25,6 @@ struct lnorm__batcher {
     int rekick;               /* a job finished inside a kick on its thread */
     int closed;               /* loop handles closed: no more wake-ups */
     lnorm__batcher_opts opts;
-    uv_async_t wake;
     /* The batch / deadline timer: a timerfd polled by the loop, because
      * libuv's timers have millisecond resolution and max_queue_delay_us is
      * in microseconds. */
@@ -44,17 +49,6 @@ typedef struct lnorm__bjob {
 } lnorm__bjob;
 
 static void lnorm__kick_locked(lnorm__batcher *b);
-
-static void lnorm__batcher_kick(lnorm__batcher *b)
-{
-    pthread_mutex_lock(&b->mu);
-    lnorm__kick_locked(b);
-}
-
-static void lnorm__on_wake(uv_async_t *h)
-{
-    lnorm__batcher_kick(h->data);
-}
 
 static void lnorm__on_timer(uv_poll_t *h, int status, int events)
 {
@@ -111,14 +105,7 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
         free(b);
         return LNORM_EINTERNAL;
     }
-    if (uv_async_init(loop, &b->wake, lnorm__on_wake) != 0) {
-        /* b stays allocated: the loop still references the poll handle,
-         * and the daemon exits on this error anyway. */
-        uv_close((uv_handle_t *)&b->timer, NULL);
-        return LNORM_EINTERNAL;
-    }
     uv_poll_start(&b->timer, UV_READABLE, lnorm__on_timer);
-    b->wake.data = b;
     b->timer.data = b;
     *out = b;
     return LNORM_OK;
@@ -146,8 +133,8 @@ int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r)
     b->qbytes += r->bytes;
     b->qdeadlines += r->deadline_ns != 0;
     atomic_fetch_add(&b->st->queue_depth, 1);
-    /* Form and submit batches right here, on the receiving thread: no
-     * hand-off to the loop (it only fires the max_queue_delay_us timer). */
+    /* Form and submit batches right here, on the queueing thread: no
+     * hand-off to the loop (it only fires the timerfd). */
     lnorm__kick_locked(b);
     return LNORM_OK;
 }
@@ -358,7 +345,6 @@ void lnorm__batcher_close(lnorm__batcher *b)
     pthread_mutex_unlock(&b->mu);
     uv_poll_stop(&b->timer);
     uv_close((uv_handle_t *)&b->timer, NULL);
-    uv_close((uv_handle_t *)&b->wake, NULL);
 }
 
 void lnorm__batcher_abort(lnorm__batcher *b)

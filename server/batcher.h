@@ -1,12 +1,15 @@
 /*
  * The batcher, the same for every backend. Requests queue (from any
- * thread); on the daemon's loop thread, batches are formed from the head of
- * the queue up to max_batch_rows / max_batch_bytes, waiting at most
- * max_queue_delay_us for a batch to fill (0: take whatever queued while the
- * backend was busy), and submitted while the backend has room. Requests of
- * any shape, dtype and op share a batch as segments. A request whose
- * deadline passes while queued is answered DEADLINE_EXCEEDED and never
- * computed. Every request submitted is finished exactly once.
+ * thread); batches are formed from the head of the queue up to
+ * max_batch_rows / max_batch_bytes, waiting at most max_queue_delay_us for
+ * a batch to fill (0: take whatever queued while the backend was busy), and
+ * submitted while the backend has room. A batch forms on the thread that
+ * queues a request or finishes a batch; the daemon's loop thread forms one
+ * only when the wait or a deadline ends (a timerfd) or the options change
+ * (SIGHUP, drain). Requests of any shape, dtype and op share a batch as segments.
+ * A request whose deadline passes while queued is answered
+ * DEADLINE_EXCEEDED and never computed. Every request submitted is
+ * finished exactly once.
  */
 #ifndef LNORM_SERVER_BATCHER_H
 #define LNORM_SERVER_BATCHER_H

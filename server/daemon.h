@@ -24,7 +24,9 @@ typedef struct lnorm__daemon {
     uv_signal_t sig_int, sig_term, sig_hup;
     uv_timer_t housekeeping;
     lnorm__backend *be;
-    ProtobufCAllocator pb_alloc;   /* through be->buf_alloc when it has one */
+    int pinned;                    /* payloads through be's buf_alloc (LNORM__BACKEND_CAP_PINNED_BUFFERS) */
+    int borrow;                    /* inputs left in the message (LNORM__BACKEND_CAP_BORROW_INPUT) */
+    ProtobufCAllocator pb_alloc;   /* through be's buf_alloc when pinned */
     ProtobufCAllocator *pb_allocp; /* NULL: protobuf-c's default */
     lnorm__batcher *batcher;
     lnorm__params *params;
@@ -42,7 +44,8 @@ typedef struct lnorm__daemon {
 void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg);
 /* The batcher's finish handler (dispatch.c). */
 void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t);
-/* Set d->pb_alloc from the backend (dispatch.c). */
-void lnorm__dispatch_init_alloc(lnorm__daemon *d);
+/* Set how payloads are allocated from the backend's caps (dispatch.c).
+ * LNORM_EINTERNAL: the backend states a cap it does not implement. */
+int lnorm__dispatch_init_alloc(lnorm__daemon *d);
 
 #endif

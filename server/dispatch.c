@@ -22,27 +22,33 @@ static void lnorm__pb_free(void *data, void *p)
         be->ops->buf_free(be, p);
 }
 
-void lnorm__dispatch_init_alloc(lnorm__daemon *d)
+int lnorm__dispatch_init_alloc(lnorm__daemon *d)
 {
+    const lnorm__backend_ops *ops = d->be->ops;
+    d->pinned = (ops->caps & LNORM__BACKEND_CAP_PINNED_BUFFERS) != 0;
+    d->borrow = !d->pinned && (ops->caps & LNORM__BACKEND_CAP_BORROW_INPUT);
     d->pb_allocp = NULL;
-    if (d->be->ops->buf_alloc && d->be->ops->buf_free) {
-        d->pb_alloc.alloc = lnorm__pb_alloc;
-        d->pb_alloc.free = lnorm__pb_free;
-        d->pb_alloc.allocator_data = d->be;
-        d->pb_allocp = &d->pb_alloc;
-    }
+    if (!d->pinned)
+        return LNORM_OK;
+    if (!ops->buf_alloc || !ops->buf_free)
+        return LNORM_EINTERNAL; /* a backend that states the cap without the allocator */
+    d->pb_alloc.alloc = lnorm__pb_alloc;
+    d->pb_alloc.free = lnorm__pb_free;
+    d->pb_alloc.allocator_data = d->be;
+    d->pb_allocp = &d->pb_alloc;
+    return LNORM_OK;
 }
 
 static void *lnorm__obuf(lnorm__daemon *d, size_t n)
 {
-    return d->be->ops->buf_alloc ? d->be->ops->buf_alloc(d->be, n ? n : 1) : malloc(n ? n : 1);
+    return d->pinned ? d->be->ops->buf_alloc(d->be, n ? n : 1) : malloc(n ? n : 1);
 }
 
 static void lnorm__obuf_free(lnorm__daemon *d, void *p)
 {
     if (!p)
         return;
-    if (d->be->ops->buf_free)
+    if (d->pinned)
         d->be->ops->buf_free(d->be, p);
     else
         free(p);
@@ -109,8 +115,8 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     Lnorm__V1__Limits lim = LNORM__V1__LIMITS__INIT;
     lnorm__device_info dev[16];
     Lnorm__V1__Device pdev[16], *pdevp[16];
-    /* Only the backend that computes: there is no per-batch CPU fallback
-     * behind the CUDA backend, so listing "cpu" too would mislead. */
+    /* The backend that serves, alone: a fallback inside it (cuda-fallback)
+     * is its own, counted in /metrics. */
     char *backends[1] = {(char *)d->be->ops->name};
     int ndev = d->be->ops->devices ? d->be->ops->devices(d->be, dev, 16) : 0;
     for (int i = 0; i < ndev; i++) {
@@ -145,20 +151,19 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
 
 /*
  * Whether y can be computed over x in the request message and sent back in
- * it (no copy of x in, no output buffer, no copy of y out): x lies in the
- * message (borrowed: a backend without its own payload memory), y has x's
- * element size (rows split over threads then never overlap another row's
- * x), x is aligned to its element, and the reply is y alone (no stats, no
- * residual_out). The CPU kernels read each vector of x before writing y at
- * the same place, so y == x is safe there.
+ * it (no copy of x in, no output buffer, no copy of y out): the backend
+ * computes in place (LNORM__BACKEND_CAP_IN_PLACE), x lies in the message
+ * (borrowed), y has x's element size (rows split over threads then never
+ * overlap another row's x), x is aligned to its element, and the reply is
+ * y alone (no stats, no residual_out).
  */
 static int lnorm__can_run_in_place(const lnorm__daemon *d, const lnorm__decoded *dec)
 {
     const lnorm_segment *s = &dec->seg;
     size_t xs = lnorm_dtype_size(s->x_dtype);
-    return (dec->borrowed & LNORM__BORROWED_X) && dec->src && !d->be->ops->buf_alloc && !dec->want_mean && !dec->want_rstd &&
-           !dec->res_out_bytes && !s->residual && lnorm_dtype_size(s->y_dtype) == xs && xs &&
-           ((uintptr_t)s->x % xs) == 0;
+    return (d->be->ops->caps & LNORM__BACKEND_CAP_IN_PLACE) && (dec->borrowed & LNORM__BORROWED_X) && dec->src &&
+           !dec->want_mean && !dec->want_rstd && !dec->res_out_bytes && !s->residual &&
+           lnorm_dtype_size(s->y_dtype) == xs && xs && ((uintptr_t)s->x % xs) == 0;
 }
 
 /* Normalize: resolve params, allocate outputs, queue. Takes dec (and
@@ -270,11 +275,12 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     int late = atomic_load(&d->draining);
     atomic_fetch_add(&d->stats.inflight, 1);
     atomic_fetch_add(&d->stats.bytes_in, len);
-    /* Without special payload memory (CPU backend) x stays in the message,
-     * which then lives as long as the request. */
-    int rc = d->pb_allocp ? lnorm__codec_decode_request(nng_msg_body(msg), len, &d->lim, d->pb_allocp, &dec, err,
-                                                        sizeof err)
-                          : lnorm__codec_decode_request_borrow(nng_msg_body(msg), len, &d->lim, &dec, err, sizeof err);
+    /* A backend that borrows its inputs gets x in the message, which then
+     * lives as long as the request; else x is copied (into pinned memory
+     * where the backend wants it). */
+    int rc = d->borrow ? lnorm__codec_decode_request_borrow(nng_msg_body(msg), len, &d->lim, &dec, err, sizeof err)
+                       : lnorm__codec_decode_request(nng_msg_body(msg), len, &d->lim, d->pb_allocp, &dec, err,
+                                                     sizeof err);
     if (rc != LNORM_OK) {
         lnorm__reply_error(d, slot, dec.request_id, rc, err);
         lnorm__codec_decoded_free(&dec);

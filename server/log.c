@@ -1,4 +1,4 @@
-/* Log lines: "2026-11-29T20:31:10.123Z lnormd[pid] LEVEL message". */
+/* Log lines: "YYYY-MM-DDTHH:MM:SS.mmmZ lnormd[pid] LEVEL message" (UTC). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend_cpu.h"
+#include "backend_cuda.h"
 #include "daemon.h"
 #include "log.h"
 
@@ -127,7 +128,7 @@ static void lnorm__on_housekeeping(uv_timer_t *t)
         }
     }
     if (d->be->ops->counters && now - lnorm__last_backend_check_ns >= 1000000000ull) {
-        /* CUDA failures are answered (or computed on the CPU) batch by
+        /* Device failures are answered (or computed on the CPU) batch by
          * batch; say so in the log, at most once a second. */
         lnorm__last_backend_check_ns = now;
         lnorm__backend_counters c;
@@ -135,9 +136,9 @@ static void lnorm__on_housekeeping(uv_timer_t *t)
         d->be->ops->counters(d->be, &c);
         lnorm__stats_set_backend(&d->stats, &c);
         if (c.errors != lnorm__last_backend_errors) {
-            LOG_WARN("cuda: %llu batch(es) failed on the GPU in the last second, %llu of them computed on the CPU "
-                     "(%llu failed, %llu on the CPU since start)",
-                     (unsigned long long)(c.errors - lnorm__last_backend_errors),
+            LOG_WARN("%s: %llu batch(es) failed on the device in the last second, %llu of them computed on the "
+                     "CPU (%llu failed, %llu on the CPU since start)",
+                     d->be->ops->name, (unsigned long long)(c.errors - lnorm__last_backend_errors),
                      (unsigned long long)(c.fallback_batches - lnorm__last_backend_fallback),
                      (unsigned long long)c.errors, (unsigned long long)c.fallback_batches);
             lnorm__last_backend_errors = c.errors;
@@ -221,6 +222,14 @@ static int lnorm__backend_open(lnorm__daemon *d)
                                                       : LNORM__CUDA_SYNC_BLOCK;
         o.fallback = !strcmp(d->cfg.cuda_fallback, "cpu") ? LNORM__CUDA_FALLBACK_CPU : LNORM__CUDA_FALLBACK_NONE;
         o.cpu_threads = (int)d->cfg.cpu_threads;
+        /* Test only: LNORM_CUDA_FAULT_EVERY=N fails every Nth job (docs/gpu.md). */
+        const char *fe = getenv("LNORM_CUDA_FAULT_EVERY");
+        if (fe && *fe) {
+            char *end;
+            unsigned long long v = strtoull(fe, &end, 10);
+            if (*end == 0 && v >= 1)
+                o.fault_every = v;
+        }
         int rc = lnorm__backend_cuda_create_opts(&d->be, &o);
         if (rc == LNORM_OK) {
             if (d->be->ops->describe) {
@@ -236,7 +245,7 @@ static int lnorm__backend_open(lnorm__daemon *d)
         }
         LOG_INFO("backend auto: cuda not usable (%s); using cpu", lnorm_strerror(rc));
     }
-    int rc = lnorm__backend_cpu_create_ex(&d->be, (int)d->cfg.cpu_threads, (int)d->cfg.cpu_jobs);
+    int rc = lnorm__backend_cpu_create(&d->be, (int)d->cfg.cpu_threads, (int)d->cfg.cpu_jobs);
     if (rc != LNORM_OK) {
         LOG_ERROR("backend cpu: %s", lnorm_strerror(rc));
         return -1;
@@ -253,8 +262,7 @@ static int lnorm__backend_open(lnorm__daemon *d)
  *   thresholds reach anyway after the first large request (32 MiB, 64 MiB),
  *   so that freed payload memory is reused rather than given back and
  *   faulted in again at each size change.
- * Without this, lnormd's RSS under a steady load wandered by 5-12% between
- * samples (fault.soak: 7272 -> 8040 KiB); CPU per request unchanged.
+ * Reason: glibc's defaults let RSS under a steady load wander by 5-12%.
  * MALLOC_* or a glibc.malloc tunable in the environment wins. */
 static void lnorm__malloc_setup(void)
 {
@@ -306,7 +314,10 @@ int main(int argc, char **argv)
     }
     if (lnorm__backend_open(d) != 0)
         goto out_loop;
-    lnorm__dispatch_init_alloc(d);
+    if (lnorm__dispatch_init_alloc(d) != LNORM_OK) {
+        LOG_ERROR("backend %s: PINNED_BUFFERS without buf_alloc / buf_free", d->be->ops->name);
+        goto out_backend;
+    }
     if (lnorm__params_create(&d->params, d->cfg.max_params_bytes, d->be, &d->stats) != LNORM_OK)
         goto out_backend;
     lnorm__batcher_opts bo;

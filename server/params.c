@@ -55,16 +55,22 @@ static void lnorm__grow_locked(lnorm__params *p)
     p->nbuckets = n;
 }
 
+/* Whether params live in the backend's payload memory (else malloc). */
+static int lnorm__pbuf_pinned(const lnorm__params *p)
+{
+    return p->be && (p->be->ops->caps & LNORM__BACKEND_CAP_PINNED_BUFFERS);
+}
+
 static void *lnorm__pbuf_alloc(lnorm__params *p, size_t n)
 {
-    return p->be && p->be->ops->buf_alloc ? p->be->ops->buf_alloc(p->be, n) : malloc(n);
+    return lnorm__pbuf_pinned(p) ? p->be->ops->buf_alloc(p->be, n) : malloc(n);
 }
 
 static void lnorm__pbuf_free(lnorm__params *p, void *b)
 {
     if (!b)
         return;
-    if (p->be && p->be->ops->buf_free)
+    if (lnorm__pbuf_pinned(p))
         p->be->ops->buf_free(p->be, b);
     else
         free(b);

@@ -15,12 +15,12 @@
 
 typedef struct lnorm__params lnorm__params;
 
-/* One registered parameter set (read-only once registered). */
 /* What max-params-bytes charges a registered set beyond its gamma and beta
  * bytes: its struct and the allocators' headers (the gauge
  * lnormd_params_bytes counts the same). */
 #define LNORM__PSET_OVERHEAD 256u
 
+/* One registered parameter set (read-only once registered). */
 typedef struct lnorm__pset {
     struct lnorm__pset *next;   /* hash chain */
     lnorm__params *reg;
@@ -33,6 +33,8 @@ typedef struct lnorm__pset {
     long refs;                  /* under the registry lock */
 } lnorm__pset;
 
+/* gamma/beta go in be's payload memory when it states
+ * LNORM__BACKEND_CAP_PINNED_BUFFERS; be NULL: malloc. */
 int lnorm__params_create(lnorm__params **out, uint64_t max_bytes, lnorm__backend *be, lnorm__stats *st);
 void lnorm__params_destroy(lnorm__params *p);
 

@@ -46,7 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "backend_cuda.h"
 #include "testutil.h"
 
 #define MAX_MODES 16

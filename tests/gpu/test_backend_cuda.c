@@ -16,7 +16,7 @@
  *    on the same inputs (test_gpu's tolerance) and to the float64
  *    reference, row padding still poison, the backend's counters as
  *    expected.
- * 3. Fault injection (LNORM_CUDA_FAULT_EVERY=3, test only): fallback none,
+ * 3. Fault injection (fault_every = 3, test only): fallback none,
  *    exactly jobs 3, 6, 9 (1-based, in submission order) finish with
  *    LNORM_ECUDA and the others are correct; fallback cpu, every job is
  *    correct and the counters say which were computed on the CPU.
@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "backend_cuda.h"
 #include "testcase.h"
 #include "testutil.h"
 
@@ -550,19 +550,18 @@ out:
     return fails;
 }
 
-/* Part 3: LNORM_CUDA_FAULT_EVERY=3 over NFAULT jobs submitted one by one. */
+/* Part 3: fault_every = 3 over NFAULT jobs submitted one by one. */
 #define NFAULT 9
 static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
 {
     const char *name = fallback ? "fault/fallback-cpu" : "fault/fallback-none";
-    setenv("LNORM_CUDA_FAULT_EVERY", "3", 1);
     lnorm__cuda_opts o;
     lnorm__cuda_opts_init(&o);
+    o.fault_every = 3;
     o.slot_bytes = (size_t)64 << 20;
     o.fallback = fallback ? LNORM__CUDA_FALLBACK_CPU : LNORM__CUDA_FALLBACK_NONE;
     lnorm__backend *be = NULL;
     int rc = lnorm__backend_cuda_create_opts(&be, &o);
-    unsetenv("LNORM_CUDA_FAULT_EVERY");
     if (rc != LNORM_OK) {
         fprintf(stderr, "FAIL %s: create: %s\n", name, lnorm_errname(rc));
         return 1;
