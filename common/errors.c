@@ -1,4 +1,4 @@
-/* lnorm_strerror() and friends, generated from LNORM_ERRNO_MAP. */
+/* lnorm_strerror() and friends, generated from LNORM_ERRNO_MAP (include/lnorm/errors.h). */
 #include "lnorm/errors.h"
 
 static const struct {
