@@ -1,7 +1,7 @@
 /*
  * Exact fp16 / bf16 <-> fp32 conversions (round to nearest even, NaN and
  * Inf preserved, subnormals handled), portable C with no intrinsics. Used
- * by the CPU backend's scalar path, tests, the client CLI and benchmarks.
+ * by the CPU runner's scalar path, tests, the client CLI and benchmarks.
  */
 #ifndef LNORM_HALF_H
 #define LNORM_HALF_H

@@ -5,8 +5,8 @@
  * A batch is a list of segments. A segment is one request's tensor (or a
  * part of it): rows x hidden elements with its own pointers, strides,
  * dtypes, op, eps and options. Backends run a whole batch at once: the CPU
- * backend over a worker pool, the CUDA backend in one launch from the same
- * table (with device pointers).
+ * runner (kernels/cpu) over a worker pool, the CUDA kernels (kernels/cuda)
+ * in one launch from the same table (with device pointers).
  *
  * Numerics (every backend, to the letter; see docs/ARCHITECTURE.md):
  *  - x (and residual) are loaded and converted to fp32 at once; all
@@ -80,19 +80,19 @@ void lnorm_segment_init(lnorm_segment *s, lnorm_op op, lnorm_dtype x_dtype,
  * static message naming the offending field. */
 int lnorm_segment_validate(const lnorm_segment *s, const char **why);
 
-/* ---- CPU backend ------------------------------------------------------- */
+/* ---- CPU runner (kernels/cpu) ------------------------------------------ */
 
-/* An opaque CPU backend: a worker pool plus the vector-ISA choice. */
+/* An opaque CPU runner: a worker pool plus the vector-ISA choice. */
 typedef struct lnorm_cpu lnorm_cpu;
 
-/* Create a CPU backend with nthreads workers (0: the number of online
+/* Create a CPU runner with nthreads workers (0: the number of online
  * cores). Returns LNORM_OK and sets *out, or an error code. */
 int lnorm_cpu_create(lnorm_cpu **out, int nthreads);
 
-/* Destroy a CPU backend created by lnorm_cpu_create (NULL is a no-op). */
+/* Destroy a CPU runner created by lnorm_cpu_create (NULL is a no-op). */
 void lnorm_cpu_destroy(lnorm_cpu *cpu);
 
-/* The number of worker threads of a CPU backend. */
+/* The number of worker threads of a CPU runner. */
 int lnorm_cpu_threads(const lnorm_cpu *cpu);
 
 /* The name of the vector code path in use ("avx512", "avx2", "scalar"). */
@@ -101,7 +101,7 @@ const char *lnorm_cpu_isa(const lnorm_cpu *cpu);
 /* Run a batch on the CPU, splitting rows over the workers when the batch is
  * large enough. Validates every segment first and runs nothing if any is
  * invalid (LNORM_EINVAL, *why set as in lnorm_segment_validate). Safe to
- * call from several threads at once on one backend. */
+ * call from several threads at once on one runner. */
 int lnorm_cpu_run(lnorm_cpu *cpu, const lnorm_batch *b, const char **why);
 
 /* Run one segment on the calling thread, with no pool (cpu may be NULL:

@@ -1,4 +1,4 @@
-/* The CPU backend's persistent worker pool (see cpu_pool.h). */
+/* The CPU runner's persistent worker pool (see cpu_pool.h). */
 #include "cpu_pool.h"
 
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /*
- * Internal to the CPU backend: a persistent pthread pool that runs "jobs"
+ * Internal to the CPU runner: a persistent pthread pool that runs "jobs"
  * made of independent tasks numbered 0..ntasks-1. The submitting thread
  * works on its own job too and returns when every task of it is done.
  * Several threads may submit jobs at once; workers help whichever job is

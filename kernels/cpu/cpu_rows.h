@@ -1,5 +1,5 @@
 /*
- * Internal to the CPU backend: the per-ISA row kernels. Each one computes
+ * Internal to the CPU runner: the per-ISA row kernels. Each one computes
  * rows [r0, r1) of a validated segment on the calling thread, one row at a
  * time in a fixed order (so a row's result never depends on the batch, its
  * position or the thread). Numerics, shared by every path:

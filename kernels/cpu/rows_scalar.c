@@ -1,4 +1,4 @@
-/* The portable C row kernel of the CPU backend (numerics in cpu_rows.h). */
+/* The portable C row kernel of the CPU runner (numerics in cpu_rows.h). */
 #include <math.h>
 
 #include "cpu_rows.h"

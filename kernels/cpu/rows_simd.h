@@ -1,5 +1,5 @@
 /*
- * The vector row kernel of the CPU backend, written once over a small set
+ * The vector row kernel of the CPU runner, written once over a small set
  * of vector macros and included by one translation unit per ISA
  * (rows_avx2.c, rows_avx512.c), each compiled with its own -m flags.
  * Numerics as in cpu_rows.h; the block structure depends only on hidden

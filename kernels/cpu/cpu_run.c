@@ -1,4 +1,5 @@
-/* The CPU backend: ISA choice, batch splitting and the lnorm_cpu_* API. */
+/* The CPU runner (lnorm_cpu_*, lnorm_core.h): ISA choice and a batch's rows
+ * split over the pool; the row math itself is in rows_*.c. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
