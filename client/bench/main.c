@@ -248,7 +248,7 @@ int main(int argc, char **argv)
     wl.eps = LNORM_DEFAULT_EPS;
     wl.variants = 4;
     wl.seed = 42;
-    lnorm__shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 1024, 1};
+    lnorm__mix_shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 1024, 1};
 
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -382,7 +382,7 @@ int main(int argc, char **argv)
     }
     char mix_desc[512] = "";
     for (size_t i = 0; i < wl.mix.n; i++) {
-        const lnorm__shape *s = &wl.mix.shapes[i];
+        const lnorm__mix_shape *s = &wl.mix.shapes[i];
         size_t l = strlen(mix_desc);
         snprintf(mix_desc + l, sizeof mix_desc - l, "%s%llux%llu:%s:%s%s%s:%u", i ? "," : "",
                  (unsigned long long)s->rows, (unsigned long long)s->hidden,

@@ -49,7 +49,7 @@ static int parse_u64(const char *s, uint64_t *out)
 }
 
 /* One entry (NUL-terminated, no commas). */
-static int parse_entry(char *e, const lnorm__shape *def, lnorm__shape *sh, char *err, size_t errlen)
+static int parse_entry(char *e, const lnorm__mix_shape *def, lnorm__mix_shape *sh, char *err, size_t errlen)
 {
     *sh = *def;
     sh->weight = 1;
@@ -91,7 +91,7 @@ static int parse_entry(char *e, const lnorm__shape *def, lnorm__shape *sh, char 
     return 0;
 }
 
-int lnorm__mix_parse(const char *s, const lnorm__shape *def, lnorm__mix *out, char *err,
+int lnorm__mix_parse(const char *s, const lnorm__mix_shape *def, lnorm__mix *out, char *err,
                      size_t errlen)
 {
     memset(out, 0, sizeof(*out));

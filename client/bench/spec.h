@@ -12,17 +12,17 @@
 #define LNORM__LIST_MAX 32
 
 /* One request shape of the mix. */
-typedef struct lnorm__shape {
+typedef struct lnorm__mix_shape {
     int op;           /* lnorm_op */
     int x_dtype;      /* lnorm_dtype */
     int y_dtype;      /* lnorm_dtype (NONE: same as x) */
     uint64_t rows;
     uint64_t hidden;
     unsigned weight;  /* relative frequency, >= 1 */
-} lnorm__shape;
+} lnorm__mix_shape;
 
 typedef struct lnorm__mix {
-    lnorm__shape shapes[LNORM__MIX_MAX];
+    lnorm__mix_shape shapes[LNORM__MIX_MAX];
     size_t n;
     unsigned total_weight;
 } lnorm__mix;
@@ -31,7 +31,7 @@ typedef struct lnorm__mix {
  * any order: a dtype (f32, f16, bf16), an op (ln, rms), out=DTYPE, or a
  * weight (a positive integer). What a token does not set comes from def.
  * Returns 0, or -1 with a message in err (errlen bytes). */
-int lnorm__mix_parse(const char *s, const lnorm__shape *def, lnorm__mix *out, char *err,
+int lnorm__mix_parse(const char *s, const lnorm__mix_shape *def, lnorm__mix *out, char *err,
                      size_t errlen);
 
 /* Pick a shape by a uniform random number r in [0, total_weight). */

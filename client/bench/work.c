@@ -101,7 +101,7 @@ static int encode_normalize(const lnorm__work *w, lnorm__tmpl *t)
     return 0;
 }
 
-static int build_one(lnorm__work *w, lnorm__tmpl *t, const lnorm__shape *sh, uint64_t *rng,
+static int build_one(lnorm__work *w, lnorm__tmpl *t, const lnorm__mix_shape *sh, uint64_t *rng,
                      const char *prefix)
 {
     t->sh = *sh;
@@ -307,7 +307,7 @@ int lnorm__verify(const lnorm__work *w, const lnorm__tmpl *t, const void *y, siz
                   const void *mean, size_t mean_len, const void *rstd, size_t rstd_len,
                   const void *res_out, size_t res_out_len, char *why, size_t whylen)
 {
-    const lnorm__shape *sh = &t->sh;
+    const lnorm__mix_shape *sh = &t->sh;
     uint64_t H = sh->hidden;
     int is_ln = sh->op == LNORM_OP_LAYERNORM;
     if (y_len != t->y_bytes) {

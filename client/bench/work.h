@@ -26,7 +26,7 @@ typedef struct lnorm__wl {
 
 /* One prepared request. */
 typedef struct lnorm__tmpl {
-    lnorm__shape sh;       /* y_dtype resolved (never NONE) */
+    lnorm__mix_shape sh;   /* y_dtype resolved (never NONE) */
     size_t shape_idx;      /* index into the mix */
     void *x, *residual;    /* rows*hidden of x_dtype */
     float *gamma, *beta;   /* hidden f32 (params != NONE) */
