@@ -2,7 +2,8 @@
  * lnorm error codes: one enum with fixed numbers, shared by the daemon, the
  * client library and the normalization core. Generated from one X-macro
  * table so that the enum, lnorm_strerror() and the mapping to wire status
- * codes never disagree. Numbers are part of the ABI: never renumber.
+ * codes never disagree (the functions: common/errors.c). Numbers are part
+ * of the ABI: never renumber.
  */
 #ifndef LNORM_ERRORS_H
 #define LNORM_ERRORS_H
