@@ -13,25 +13,15 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "lnorm/types.h"
 #include "npy.h"
 #include "testutil.h"
 
-static int failures;
-static lnorm__daemon d;
+static td_daemon d;
 static const char *cli;
 static char out[8192];
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
 
 /* Run the CLI with arguments; its stdout+stderr land in `out`. Returns the
  * exit status (or -1). */
@@ -125,10 +115,8 @@ int main(int argc, char **argv)
     }
     cli = argv[2];
     const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
-    if (lnorm__daemon_start(&d, argv[1], extra, 20000) != 0) {
-        fprintf(stderr, "FAIL: could not start lnormd\n");
+    if (td_start(&d, argv[1], NULL, extra, TD_ENDPOINTS) != 0)
         return 1;
-    }
     const char *url = d.tcp_url;
     char dir[300];
     snprintf(dir, sizeof dir, "%s", d.dir);
@@ -159,7 +147,7 @@ int main(int argc, char **argv)
             check_run("cli A f32 ln", LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, R, H,
                       1e-4f, 0, x, NULL, gm, bt, y.data, NULL, m.data, s.data);
         } else {
-            CHECK(0, "A outputs missing");
+            CHECK_FAIL("A outputs missing");
         }
         lnorm__npy_free(&y);
         lnorm__npy_free(&m);
@@ -190,7 +178,7 @@ int main(int argc, char **argv)
             check_run("cli B f16 rms", LNORM_OP_RMSNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F16, 1, H,
                       1e-3f, 1, x, NULL, gm, NULL, y.data, NULL, NULL, s.data);
         } else {
-            CHECK(0, "B outputs missing");
+            CHECK_FAIL("B outputs missing");
         }
         lnorm__npy_free(&y);
         lnorm__npy_free(&s);
@@ -358,12 +346,6 @@ int main(int argc, char **argv)
     rc = run("health --url ipc://%s/nobody.sock --timeout-ms 300", dir);
     CHECK(rc == 1 && strstr(out, "LNORM_ETIMEDOUT"), "health on no server exit %d", rc);
 
-    int st = lnorm__daemon_stop(&d, 15000);
-    CHECK(st == 0, "lnormd exit status %d", st);
-    if (failures) {
-        fprintf(stderr, "cli: FAILED (%d checks)\n", failures);
-        return 1;
-    }
-    printf("cli: PASS\n");
-    return 0;
+    td_stop_check(&d, "on SIGTERM");
+    return check_finish("client.cli");
 }

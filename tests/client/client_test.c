@@ -23,25 +23,15 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "lnorm.pb-c.h"
 #include "lnorm/lnorm.h"
 #include "testcase.h"
 #include "testutil.h"
 
-static atomic_int failures;
 
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);              \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            atomic_fetch_add(&failures, 1);                                               \
-        }                                                                                 \
-    } while (0)
-
-static lnorm__daemon daemon_;
+static td_daemon daemon_;
 
 /* A normalize request describing a test case's (contiguous) buffers. */
 static void req_from_case(lnorm_normalize_req *q, const lnorm_test_case *tc)
@@ -180,7 +170,7 @@ static void *client_thread(void *arg)
         random_cfg(&g, &cfg);
         lnorm_test_case tc;
         if (lnorm_test_case_make(&tc, &cfg, &g) != LNORM_OK) {
-            CHECK(0, "out of memory");
+            CHECK_FAIL("out of memory");
             break;
         }
         lnorm_normalize_req q;
@@ -242,7 +232,7 @@ static int test_concurrent(void)
     for (int i = 0; i < N; i++) {
         random_cfg(&g, &cfgs[i]);
         if (lnorm_test_case_make(&tcs[i], &cfgs[i], &g) != LNORM_OK) {
-            CHECK(0, "out of memory");
+            CHECK_FAIL("out of memory");
             break;
         }
         lnorm_normalize_req q;
@@ -290,7 +280,7 @@ static int chunked_case(lnorm_client *c, const lnorm_test_case_cfg *cfg, size_t 
     lnorm_rng_seed(&g, 4242 + (uint64_t)cfg->hidden);
     lnorm_test_case tc;
     if (lnorm_test_case_make(&tc, cfg, &g) != LNORM_OK) {
-        CHECK(0, "out of memory");
+        CHECK_FAIL("out of memory");
         return 1;
     }
     char label[200];
@@ -770,7 +760,7 @@ static void fake_stop(fake_server *f)
 static int test_timeout(void)
 {
     char dir[256];
-    if (lnorm__tmpdir(dir, sizeof dir))
+    if (td_tmpdir(dir, sizeof dir, "client"))
         return 1;
     fake_server f;
     CHECK(fake_start(&f, dir, 0) == 0, "fake server");
@@ -791,9 +781,9 @@ static int test_timeout(void)
     const char *url = f.url;
     CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
     lnorm_result res;
-    double t0 = lnorm__now_ms();
+    double t0 = td_now_ms();
     int rv = lnorm_normalize(c, &q, &res);
-    double dt = lnorm__now_ms() - t0;
+    double dt = td_now_ms() - t0;
     CHECK(rv == LNORM_ETIMEDOUT, "silent server gave %s, want ETIMEDOUT", lnorm_errname(rv));
     CHECK(dt >= 250 && dt < 5000, "timed out after %.0f ms, want ~300", dt);
     CHECK(res.status == -1 && res.message[0], "result: status %d message '%s'", res.status,
@@ -807,10 +797,10 @@ static int test_timeout(void)
     waiter_init(&w);
     wslot ws = {&w, 0};
     w.pending = 1;
-    t0 = lnorm__now_ms();
+    t0 = td_now_ms();
     CHECK(lnorm_normalize_async(c, &q, waiter_cb, &ws) == LNORM_OK, "async start");
     CHECK(waiter_wait(&w, 10000) == 0, "async call never completed");
-    dt = lnorm__now_ms() - t0;
+    dt = td_now_ms() - t0;
     CHECK(w.errs[0] == LNORM_ETIMEDOUT, "async gave %s", lnorm_errname(w.errs[0]));
     CHECK(dt >= 250 && dt < 5000, "async timed out after %.0f ms", dt);
     lnorm_client_close(c);
@@ -819,9 +809,9 @@ static int test_timeout(void)
     o.recv_timeout_ms = 60000;
     CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
     q.timeout_ms = 200;
-    t0 = lnorm__now_ms();
+    t0 = td_now_ms();
     rv = lnorm_normalize(c, &q, &res);
-    dt = lnorm__now_ms() - t0;
+    dt = td_now_ms() - t0;
     CHECK(rv == LNORM_ETIMEDOUT && dt >= 150 && dt < 5000, "per-call timeout: %s after %.0f ms",
           lnorm_errname(rv), dt);
     q.timeout_ms = 0;
@@ -839,9 +829,9 @@ static int test_timeout(void)
         CHECK(lnorm_normalize_async(c, &q, waiter_cb, &wss[i]) == LNORM_OK, "async start");
     }
     usleep(100000);
-    t0 = lnorm__now_ms();
+    t0 = td_now_ms();
     lnorm_client_close(c);
-    dt = lnorm__now_ms() - t0;
+    dt = td_now_ms() - t0;
     CHECK(w.pending == 0, "%d callbacks did not run by close", w.pending);
     for (int i = 0; i < 8; i++)
         CHECK(w.errs[i] == LNORM_ECLOSED, "in-flight call %d ended with %s", i,
@@ -857,19 +847,18 @@ static int test_timeout(void)
     o.send_timeout_ms = 300;
     CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open to a missing server");
     q.timeout_ms = 0;
-    t0 = lnorm__now_ms();
+    t0 = td_now_ms();
     rv = lnorm_normalize(c, &q, &res);
-    dt = lnorm__now_ms() - t0;
+    dt = td_now_ms() - t0;
     CHECK(rv == LNORM_ETIMEDOUT && dt < 5000, "no server: %s after %.0f ms", lnorm_errname(rv), dt);
     lnorm_client_close(c);
-    lnorm__rmdir(dir);
     return 0;
 }
 
 static int test_protocol(void)
 {
     char dir[256];
-    if (lnorm__tmpdir(dir, sizeof dir))
+    if (td_tmpdir(dir, sizeof dir, "client"))
         return 1;
     fake_server f;
     CHECK(fake_start(&f, dir, 1) == 0, "fake server");
@@ -953,14 +942,13 @@ static int test_protocol(void)
           (unsigned long long)atomic_load(&f.last_deadline));
     lnorm_client_close(c);
     fake_stop(&f);
-    lnorm__rmdir(dir);
     return 0;
 }
 
 /* An asynchronous call whose request cannot be built (out of memory, by a
  * limit on the address space): the call returns the error and its callback
- * never runs, on no thread (it used to run on the caller's thread before
- * lnorm_normalize_async returned). Its own process: the limit stays. */
+ * never runs, on no thread (not even on the caller's before
+ * lnorm_normalize_async returns). Its own process: the limit stays. */
 typedef struct cb_seen {
     atomic_int runs;
     pthread_t thread;
@@ -982,7 +970,7 @@ static int test_async_start(void)
     return 77;
 #else
     char dir[256];
-    if (lnorm__tmpdir(dir, sizeof dir))
+    if (td_tmpdir(dir, sizeof dir, "client"))
         return 1;
     fake_server f;
     CHECK(fake_start(&f, dir, 1) == 0, "fake server");
@@ -1030,7 +1018,6 @@ static int test_async_start(void)
     free(y);
     lnorm_client_close(c);
     fake_stop(&f);
-    lnorm__rmdir(dir);
     return 0;
 #endif
 }
@@ -1046,10 +1033,8 @@ int main(int argc, char **argv)
     int need_daemon = strcmp(what, "timeout") != 0 && strcmp(what, "protocol") != 0 && strcmp(what, "async_start") != 0;
     if (need_daemon) {
         const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
-        if (lnorm__daemon_start(&daemon_, argv[1], extra, 20000) != 0) {
-            fprintf(stderr, "FAIL: could not start lnormd\n");
+        if (td_start(&daemon_, argv[1], NULL, extra, TD_ENDPOINTS) != 0)
             return 1;
-        }
         printf("lnormd: %s %s http %s\n", daemon_.tcp_url, daemon_.ipc_url, daemon_.http);
     }
     int rv;
@@ -1072,17 +1057,12 @@ int main(int argc, char **argv)
     }
     else {
         fprintf(stderr, "unknown test %s\n", what);
-        rv = 2;
+        return 2;
     }
-    if (need_daemon) {
-        int st = lnorm__daemon_stop(&daemon_, 15000);
-        CHECK(st == 0, "lnormd exit status after SIGTERM: %d (want 0)", st);
-    }
-    int nf = atomic_load(&failures);
-    if (rv || nf) {
-        fprintf(stderr, "%s: FAILED (%d check(s))\n", what, nf);
-        return 1;
-    }
-    printf("%s: PASS\n", what);
-    return 0;
+    CHECK(rv == 0, "%s ended early", what);
+    if (need_daemon)
+        td_stop_check(&daemon_, "on SIGTERM");
+    char name[64];
+    snprintf(name, sizeof name, "client.%s", what);
+    return check_finish(name);
 }

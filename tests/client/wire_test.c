@@ -8,19 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "internal.h"
 #include "testutil.h"
-
-static int failures;
-#define CHECK(c, ...)                                                   \
-    do {                                                                \
-        if (!(c)) {                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fprintf(stderr, "\n");                                      \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
 
 static int span_eq(lnorm__span s, const void *p, size_t n)
 {
@@ -123,10 +113,6 @@ int main(void)
         }
         free(buf);
     }
-    if (failures) {
-        fprintf(stderr, "wire: FAILED (%d)\n", failures);
-        return 1;
-    }
-    printf("wire: PASS (3000 random Responses, all truncations, 24000 corruptions)\n");
-    return 0;
+    printf("wire: 3000 random Responses, all truncations, 24000 corruptions\n");
+    return check_finish("client.wire");
 }

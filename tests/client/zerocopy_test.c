@@ -23,22 +23,12 @@
 
 #include <nng/nng.h>
 
+#include "check.h"
 #include "codec.h"
 #include "internal.h"
 #include "lnorm/lnorm.h"
 #include "testutil.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);              \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
 
 static const lnorm__limits lim = {1u << 26, 1u << 20, 1u << 16};
 
@@ -551,10 +541,5 @@ int main(void)
 {
     test_requests();
     test_replies();
-    if (failures) {
-        fprintf(stderr, "zerocopy: FAILED (%d check(s))\n", failures);
-        return 1;
-    }
-    printf("zerocopy: PASS\n");
-    return 0;
+    return check_finish("client.zerocopy");
 }

@@ -19,6 +19,23 @@ static uint64_t splitmix64(uint64_t *x)
     return z ^ (z >> 31);
 }
 
+uint64_t lnorm_test_seed(uint64_t fallback)
+{
+    const char *env = getenv("LNORM_TEST_SEED");
+    uint64_t seed = fallback;
+    if (env && *env) {
+        char *end;
+        unsigned long long v = strtoull(env, &end, 10);
+        if (*end == 0)
+            seed = v;
+        else
+            fprintf(stderr, "LNORM_TEST_SEED=%s is not a decimal number; ignored\n", env);
+    }
+    fprintf(stderr, "seed %llu (LNORM_TEST_SEED=%llu repeats this data)\n", (unsigned long long)seed,
+            (unsigned long long)seed);
+    return seed;
+}
+
 void lnorm_rng_seed(lnorm_rng *g, uint64_t seed)
 {
     for (int i = 0; i < 4; i++)

@@ -42,6 +42,11 @@ typedef struct lnorm_rng {
     uint64_t s[4];
 } lnorm_rng;
 
+/* The seed of a test's random data: LNORM_TEST_SEED from the environment
+ * when set, else fallback (fixed, so every run is the same). Printed on
+ * stderr, so a failing run can be repeated. */
+uint64_t lnorm_test_seed(uint64_t fallback);
+
 /* Seed a PRNG; equal seeds give equal sequences. */
 void lnorm_rng_seed(lnorm_rng *g, uint64_t seed);
 

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "wire.h"
 
 typedef struct fl_client {
@@ -60,10 +61,10 @@ static void *client_main(void *arg)
             note(c, &c->st.failed, "%s", "out of memory");
             break;
         }
-        int64_t t0 = fh_now_ms();
+        int64_t t0 = td_now_ms();
         Lnorm__V1__Response *r = NULL;
         rv = fw_req_call(s, buf, len, &r);
-        int64_t dt = fh_now_ms() - t0;
+        int64_t dt = td_now_ms() - t0;
         char why[200];
         if (rv) {
             note(c, &c->st.failed, "transport: %s", rv > 0 ? nng_strerror(rv) : "bad reply");

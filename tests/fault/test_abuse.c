@@ -40,7 +40,8 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "loadgen.h"
 #include "wire.h"
 
@@ -59,10 +60,10 @@ static void set_timeouts(int fd, int ms)
 /* 1 when the server closes fd within ms (reads and discards until EOF). */
 static int closed_by_server(int fd, int ms)
 {
-    int64_t end = fh_now_ms() + ms;
+    int64_t end = td_now_ms() + ms;
     char buf[4096];
     set_timeouts(fd, 200);
-    while (fh_now_ms() < end) {
+    while (td_now_ms() < end) {
         ssize_t n = recv(fd, buf, sizeof buf, 0);
         if (n == 0)
             return 1;
@@ -114,16 +115,16 @@ static void run_nng_peers(int n)
     }
     if (pid < 0)
         return;
-    int64_t end = fh_now_ms() + 30000;
+    int64_t end = td_now_ms() + 30000;
     int st;
     while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (fh_now_ms() > end) {
+        if (td_now_ms() > end) {
             printf("disconnect: NNG peer helper stuck (nng_close in the client); killed\n");
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             return;
         }
-        fh_sleep_ms(20);
+        td_sleep_ms(20);
     }
 }
 
@@ -135,7 +136,7 @@ static void round_disconnect(const uint8_t *big, size_t biglen)
     run_nng_peers(20);
     for (int i = 0; i < 40; i++) {
         int fd = fw_tcp_connect(g_tcp);
-        FH_CHECK(fd >= 0, "connect %s", g_tcp);
+        CHECK(fd >= 0, "connect %s", g_tcp);
         if (fd < 0)
             continue;
         set_timeouts(fd, 2000);
@@ -196,7 +197,7 @@ static void round_half_frame(void)
         if (fd >= 0) {
             static const uint8_t junk[8] = {'G', 'E', 'T', ' ', '/', ' ', 'H', 'T'};
             fw_write_all(fd, junk, sizeof junk);
-            FH_CHECK(closed_by_server(fd, 5000), "server kept a connection with a bad SP header");
+            CHECK(closed_by_server(fd, 5000), "server kept a connection with a bad SP header");
             close(fd);
         }
         fd = fw_tcp_connect(g_tcp);
@@ -205,7 +206,7 @@ static void round_half_frame(void)
             if (fw_sp_handshake(fd, 2000) == 0) {
                 uint8_t hdr[8] = {0, 0, 1, 0, 0, 0, 0, 0}; /* 2^40 */
                 fw_write_all(fd, hdr, sizeof hdr);
-                FH_CHECK(closed_by_server(fd, 5000),
+                CHECK(closed_by_server(fd, 5000),
                          "server kept a connection announcing a 2^40-byte message");
             }
             close(fd);
@@ -253,29 +254,15 @@ static int hold_no_read(int *fds, const uint8_t *big, size_t biglen)
     return k;
 }
 
-static char g_http_url[600]; /* tcp://127.0.0.1:PORT of the HTTP endpoint */
+static char g_http_url[600];      /* tcp://127.0.0.1:PORT of the HTTP endpoint */
+static const td_daemon *g_daemon; /* the lnormd under test */
 
-/* GET path on the HTTP endpoint within 5 s; the status code, or -1. */
+/* GET path on the HTTP endpoint; the status code, or -1. */
 static int http_get(const char *path)
 {
-    int fd = fw_tcp_connect(g_http_url);
-    if (fd < 0)
-        return -1;
-    set_timeouts(fd, 5000);
-    char req[256], resp[4096];
-    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
-    size_t got = 0;
-    if (fw_write_all(fd, req, strlen(req)) == 0) {
-        ssize_t n;
-        while (got < sizeof resp - 1 && (n = recv(fd, resp + got, sizeof resp - 1 - got, 0)) > 0)
-            got += (size_t)n;
-    }
-    close(fd);
-    resp[got] = 0;
-    int code = -1;
-    if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1)
-        return -1;
-    return code;
+    int code;
+    free(td_http_get(g_daemon, path, &code));
+    return code ? code : -1;
 }
 
 /* Garbage, an endless header line and half-sent requests on the HTTP port,
@@ -314,7 +301,7 @@ static int round_http(int *fds, int n)
     }
     int code = http_get("/healthz");
     printf("http: /healthz while %d connections hold half a request: %d\n", k, code);
-    FH_CHECK(code == 200, "/healthz answered %d while the HTTP port was abused", code);
+    CHECK(code == 200, "/healthz answered %d while the HTTP port was abused", code);
     return k;
 }
 
@@ -322,7 +309,7 @@ static int progress_during(fl_load *l, long before, const char *what)
 {
     fl_stats st;
     fl_peek(l, &st);
-    FH_CHECK(st.ok > before, "good clients made no progress during %s (ok stayed %ld)", what,
+    CHECK(st.ok > before, "good clients made no progress during %s (ok stayed %ld)", what,
              before);
     return (int)(st.ok - before);
 }
@@ -341,46 +328,32 @@ int main(int argc, char **argv)
      * With glibc's dynamic mmap threshold, the 1 MiB request and reply
      * buffers move into the malloc arenas after the first ones are freed,
      * and RSS then follows each arena's high-water mark, not the memory in
-     * use: a round that happened to peak in another arena stepped RSS up by
-     * 80 MiB for good (fault.no_read in CI, 2026-11-30: 77 MiB in rounds
-     * 1-3, 158 and 170 MiB in rounds 4-5). A fixed threshold keeps blocks
+     * use: a round that happens to peak in another arena steps RSS up by
+     * some 80 MiB for good (fault.no_read: 77 MiB in rounds 1-3, 158 and
+     * 170 MiB in rounds 4-5). A fixed threshold keeps blocks
      * of 64 KiB and more in their own mappings, returned at free, so RSS
      * tracks what lnormd holds. (The daemon inherits it; the ASan build
      * ignores it and judges leaks at exit instead.) */
     setenv("MALLOC_MMAP_THRESHOLD_", "65536", 1);
-    char dir[256], ipc[320];
-    if (fh_mkdtemp(dir, sizeof dir, "fault") != 0) {
-        perror("mkdtemp");
+    const char *args[] = {"--backend", "cpu", "--cpu-threads", "1", NULL};
+    td_daemon d;
+    if (td_start(&d, argv[1], NULL, args, TD_ENDPOINTS) != 0)
         return 1;
-    }
-    snprintf(ipc, sizeof ipc, "ipc://%s/lnormd.sock", dir);
-    const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--listen", ipc, "--backend", "cpu",
-                          "--cpu-threads", "1", NULL};
-    fh_daemon d;
-    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
-        fh_rmdir(dir);
-        return 1;
-    }
-    g_tcp = fh_daemon_url(&d, "tcp://");
+    g_tcp = d.tcp_url;
     snprintf(g_http_url, sizeof g_http_url, "tcp://%s", d.http);
-    const char *ipc_url = fh_daemon_url(&d, "ipc://");
-    FH_CHECK(g_tcp && ipc_url, "ready file lacks a tcp or ipc listen line");
-    if (!g_tcp || !ipc_url) {
-        fh_daemon_stop(&d, SIGKILL, 5000);
-        fh_rmdir(dir);
-        return 1;
-    }
+    g_daemon = &d;
+    const char *ipc_url = d.ipc_url;
 
     size_t biglen = 0;
     uint8_t *big = fw_pack_norm(1, LNORM__V1__OP__OP_LAYER_NORM, BIG_ROWS, BIG_HIDDEN, 3, NULL,
                                 &biglen);
     fl_load *load = fl_start(ipc_url, 2, 16, 256, 10000);
-    fh_sleep_ms(1000);
+    td_sleep_ms(1000);
     /* FAULT_ROUNDS (3..64, default 5) for longer investigations. */
     int rounds = getenv("FAULT_ROUNDS") ? atoi(getenv("FAULT_ROUNDS")) : 5;
     if (rounds < 3 || rounds > 64)
         rounds = 5;
-    long rss0 = fh_rss_kb(d.pid), rss[64] = {0};
+    long rss0 = td_rss_kb(&d), rss[64] = {0};
 
     for (int round = 0; round < rounds; round++) {
         fl_stats st;
@@ -393,13 +366,13 @@ int main(int argc, char **argv)
         } else if (!strcmp(mode, "half_frame")) {
             round_half_frame();
             nfds = hold_half_frames(fds, 32);
-            fh_sleep_ms(1500);
+            td_sleep_ms(1500);
         } else if (!strcmp(mode, "http")) {
             nfds = round_http(fds, 64);
-            fh_sleep_ms(500);
+            td_sleep_ms(500);
         } else if (!strcmp(mode, "no_read")) {
             nfds = hold_no_read(fds, big, biglen);
-            fh_sleep_ms(3000);
+            td_sleep_ms(3000);
         } else {
             fprintf(stderr, "unknown mode %s\n", mode);
             return 2;
@@ -407,12 +380,12 @@ int main(int argc, char **argv)
         int got = progress_during(load, before, mode);
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
-        fh_sleep_ms(500);
-        rss[round] = fh_rss_kb(d.pid);
+        td_sleep_ms(500);
+        rss[round] = td_rss_kb(&d);
         printf("%s round %d: good replies during round %d, lnormd RSS %ld KiB\n", mode, round + 1,
                got, rss[round]);
-        FH_CHECK(fh_daemon_alive(&d), "lnormd died in round %d", round + 1);
-        if (!fh_daemon_alive(&d))
+        CHECK(td_alive(&d), "lnormd died in round %d", round + 1);
+        if (!td_alive(&d))
             break;
     }
 
@@ -422,7 +395,7 @@ int main(int argc, char **argv)
            "start %ld, rounds 1-4 %ld %ld %ld %ld, last %ld\n",
            mode, st.ok, st.wrong, st.failed, (long long)st.max_ms, rss0, rss[0], rss[1], rss[2],
            rss[3], rss[rounds - 1]);
-    FH_CHECK(st.wrong == 0 && st.failed == 0, "good clients hit problems: %s", st.first_problem);
+    CHECK(st.wrong == 0 && st.failed == 0, "good clients hit problems: %s", st.first_problem);
 #if defined(__SANITIZE_ADDRESS__)
     /* Under ASan, RSS swings by hundreds of MiB with the quarantine of freed
      * blocks: no RSS verdict; LeakSanitizer checks lnormd's exit instead
@@ -430,12 +403,12 @@ int main(int argc, char **argv)
     printf("%s: ASan build: RSS not judged; LeakSanitizer runs at lnormd's exit\n", mode);
 #else
     /* Buffers held for clients that do not read, and allocator caches, make
-     * RSS swing from round to round (one round 25 MiB above the others was
-     * seen in CI, 2026-11-30, with the round after it back down); a leak
+     * RSS swing from round to round (one round can stand 25 MiB above the
+     * others, with the round after it back down); a leak
      * keeps adding every round. So the lower of the last two rounds must
      * not exceed the highest of the rounds before them by more than
-     * max(16 MiB, 15%): a steady leak of more than that per round fails as
-     * before, a single high round does not. */
+     * max(16 MiB, 15%): a steady leak of more than that per round fails, a
+     * single high round does not. */
     long prev_max = 0;
     for (int i = 0; i < rounds - 2; i++)
         prev_max = rss[i] > prev_max ? rss[i] : prev_max;
@@ -443,7 +416,7 @@ int main(int argc, char **argv)
     long allow = prev_max * 15 / 100;
     if (allow < 16 * 1024)
         allow = 16 * 1024;
-    FH_CHECK(last2 > 0 && last2 - prev_max <= allow,
+    CHECK(last2 > 0 && last2 - prev_max <= allow,
              "RSS in the last two rounds %ld and %ld KiB, the lower %ld KiB over the earlier rounds' highest "
              "%ld KiB (allowed %ld)",
              rss[rounds - 2], rss[rounds - 1], last2 - prev_max, prev_max, allow);
@@ -451,16 +424,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < rounds; i++)
         maxrss = rss[i] > maxrss ? rss[i] : maxrss;
     long bound = 512 * 1024;
-    FH_CHECK(maxrss < bound, "RSS reached %ld KiB (bound %ld KiB)", maxrss, bound);
+    CHECK(maxrss < bound, "RSS reached %ld KiB (bound %ld KiB)", maxrss, bound);
 #endif
 
     if (!strcmp(mode, "http"))
-        FH_CHECK(http_get("/metrics") == 200, "/metrics does not answer 200 after the abuse");
-    int status = fh_daemon_stop(&d, SIGTERM, 15000);
-    fh_check_exit0(&d, status, "on SIGTERM");
-    if (fh_failures)
-        fh_daemon_dump_log(&d);
+        CHECK(http_get("/metrics") == 200, "/metrics does not answer 200 after the abuse");
+    td_stop_check(&d, "on SIGTERM");
     free(big);
-    fh_rmdir(dir);
-    return fh_finish(mode);
+    return check_finish(mode);
 }

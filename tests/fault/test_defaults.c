@@ -36,7 +36,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "wire.h"
 
 static int isolate(void)
@@ -126,7 +127,7 @@ static int check_listeners(pid_t pid, const char *file, const unsigned long *ino
         int loop4 = !strcmp(local, "0100007F");
         int loop6 = !strcmp(local, "00000000000000000000000001000000");
         printf("defaults: lnormd listens on %s %s port %u\n", file, local, port);
-        FH_CHECK(loop4 || loop6, "lnormd listens on non-loopback address %s (%s) port %u", local,
+        CHECK(loop4 || loop6, "lnormd listens on non-loopback address %s (%s) port %u", local,
                  file, port);
     }
     fclose(f);
@@ -136,12 +137,12 @@ static int check_listeners(pid_t pid, const char *file, const unsigned long *ino
 static void check_ipc_mode(const char *path)
 {
     struct stat sb;
-    FH_CHECK(stat(path, &sb) == 0, "ipc socket %s missing: %s", path, strerror(errno));
+    CHECK(stat(path, &sb) == 0, "ipc socket %s missing: %s", path, strerror(errno));
     if (stat(path, &sb) != 0)
         return;
     printf("defaults: %s mode %04o\n", path, (unsigned)(sb.st_mode & 07777));
-    FH_CHECK(S_ISSOCK(sb.st_mode), "%s is not a socket", path);
-    FH_CHECK((sb.st_mode & S_IWOTH) == 0, "%s is world-writable (mode %04o)", path,
+    CHECK(S_ISSOCK(sb.st_mode), "%s is not a socket", path);
+    CHECK((sb.st_mode & S_IWOTH) == 0, "%s is world-writable (mode %04o)", path,
              (unsigned)(sb.st_mode & 07777));
 }
 
@@ -149,14 +150,14 @@ static void check_health(const char *url)
 {
     nng_socket s;
     if (fw_req_open(&s, url, 5000, 50) != 0) {
-        FH_CHECK(0, "cannot open a socket to %s", url);
+        CHECK_FAIL("cannot open a socket to %s", url);
         return;
     }
     size_t len;
     uint8_t *b = fw_pack_health(5, &len);
     Lnorm__V1__Response *r = NULL;
     int rv = fw_req_call(s, b, len, &r);
-    FH_CHECK(rv == 0 && r->health && r->health->serving, "no Health on %s: %s", url,
+    CHECK(rv == 0 && r->health && r->health->serving, "no Health on %s: %s", url,
              rv ? nng_strerror(rv) : "not serving");
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
@@ -187,54 +188,51 @@ int main(int argc, char **argv)
         return 77;
     }
     char dir[256];
-    if (fh_mkdtemp(dir, sizeof dir, "defaults") != 0)
+    if (td_tmpdir(dir, sizeof dir, "defaults") != 0)
         return 1;
-    fh_keep_default_http = 1;
     const char *args[] = {"--backend", "cpu", "--cpu-threads", "1", NULL};
-    fh_daemon d;
-    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0)
+    td_daemon d;
+    if (td_start(&d, argv[1], dir, args, TD_DEFAULT_HTTP) != 0)
         return 1;
     int ntcp = 0, nipc = 0;
     for (int i = 0; i < d.nlisten; i++) {
         printf("defaults: ready file: listen %s\n", d.listen[i]);
         if (!strncmp(d.listen[i], "tcp://", 6)) {
             ntcp++;
-            FH_CHECK(!strncmp(d.listen[i], "tcp://127.0.0.1:", 16), "default listener %s is not loopback",
+            CHECK(!strncmp(d.listen[i], "tcp://127.0.0.1:", 16), "default listener %s is not loopback",
                      d.listen[i]);
         } else if (!strncmp(d.listen[i], "ipc://", 6)) {
             nipc++;
             check_ipc_mode(d.listen[i] + 6);
         } else {
-            FH_CHECK(0, "unexpected default listener %s", d.listen[i]);
+            CHECK_FAIL("unexpected default listener %s", d.listen[i]);
         }
     }
-    FH_CHECK(ntcp == 1 && nipc == 1, "expected one tcp and one ipc default listener, got %d and %d",
+    CHECK(ntcp == 1 && nipc == 1, "expected one tcp and one ipc default listener, got %d and %d",
              ntcp, nipc);
     printf("defaults: ready file: http %s\n", d.http);
-    FH_CHECK(d.http[0] == 0 || !strncmp(d.http, "127.0.0.1:", 10), "default http endpoint %s is not loopback",
+    CHECK(d.http[0] == 0 || !strncmp(d.http, "127.0.0.1:", 10), "default http endpoint %s is not loopback",
              d.http);
     unsigned long inos[256];
     int n = socket_inodes(d.pid, inos, 256);
     int listening = check_listeners(d.pid, "tcp", inos, n) + check_listeners(d.pid, "tcp6", inos, n);
-    FH_CHECK(listening >= 1, "found no listening TCP socket of lnormd");
+    CHECK(listening >= 1, "found no listening TCP socket of lnormd");
     for (int i = 0; i < d.nlisten; i++)
         check_health(d.listen[i]);
-    int st = fh_daemon_stop(&d, SIGTERM, 15000);
-    fh_check_exit0(&d, st, "with defaults, on SIGTERM");
+    td_stop_check(&d, "with defaults, on SIGTERM");
 
     /* An ipc path given on the command line. */
     char url[400];
     snprintf(url, sizeof url, "ipc://%s/custom.sock", dir);
     const char *args2[] = {"--listen", url, "--http", "off", "--backend", "cpu", "--cpu-threads", "1",
                            NULL};
-    fh_daemon d2;
-    if (fh_daemon_start(&d2, argv[1], dir, args2, 15000) == 0) {
+    td_daemon d2;
+    if (td_start(&d2, argv[1], dir, args2, 0) == 0) {
         check_ipc_mode(url + 6);
         check_health(url);
-        st = fh_daemon_stop(&d2, SIGTERM, 15000);
-        fh_check_exit0(&d2, st, "with an ipc --listen, on SIGTERM");
+        td_stop_check(&d2, "with an ipc --listen, on SIGTERM");
     } else {
-        FH_CHECK(0, "lnormd did not start with --listen %s --http off", url);
+        CHECK_FAIL("lnormd did not start with --listen %s --http off", url);
     }
     /* Unsafe TLS setups are refused at start (exit status 2), never served. */
     static const char *const bad[][12] = {
@@ -243,19 +241,13 @@ int main(int argc, char **argv)
          "--tls-key", "/nonexistent/server.key", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        fh_daemon b;
-        int rc = fh_daemon_start(&b, argv[1], dir, (const char *const *)bad[i], 10000);
-        st = rc == 0 ? fh_daemon_stop(&b, SIGKILL, 5000) : fh_daemon_stop(&b, SIGTERM, 5000);
+        td_daemon b;
+        int rc = td_start(&b, argv[1], dir, (const char *const *)bad[i], 0);
+        int st = td_stop(&b, rc == 0 ? SIGKILL : 0, 5000);
         printf("defaults: unsafe TLS setup %zu: %s (wait status %d)\n", i,
                rc == 0 ? "SERVED" : "refused", st);
-        FH_CHECK(rc != 0 && st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 2,
+        CHECK(rc != 0 && st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 2,
                  "lnormd started (or did not exit 2) with unsafe TLS setup %zu", i);
     }
-
-    if (fh_failures) {
-        fh_daemon_dump_log(&d);
-        fh_daemon_dump_log(&d2);
-    }
-    fh_rmdir(dir);
-    return fh_finish("fault.loopback_defaults");
+    return check_finish("fault.loopback_defaults");
 }

@@ -33,7 +33,8 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "wire.h"
 
 static const char *g_url;
@@ -72,7 +73,7 @@ static void expect_serving(nng_socket s, const char *after)
     Lnorm__V1__Response *r = NULL;
     int rv = call(s, buf, len, &r);
     char why[200] = "";
-    FH_CHECK(rv == 0 && fw_check_norm(r, LNORM__V1__OP__OP_LAYER_NORM, 4, 64, x, why, sizeof why) == 0,
+    CHECK(rv == 0 && fw_check_norm(r, LNORM__V1__OP__OP_LAYER_NORM, 4, 64, x, why, sizeof why) == 0,
              "no correct normalize after %s: %s", after, rv ? nng_strerror(rv) : why);
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
@@ -120,21 +121,21 @@ static void check_shape_limits(nng_socket s)
     uint8_t *buf = fw_pack_norm(11, LNORM__V1__OP__OP_LAYER_NORM, 65, 8, 1, NULL, &len);
     int code = status_of(s, buf, len, 11, msg, sizeof msg);
     printf("limits: rows 65 > max-rows 64 -> status %d (%s)\n", code, msg);
-    FH_CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "rows over max-rows gave %d", code);
+    CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "rows over max-rows gave %d", code);
     free(buf);
     expect_serving(s, "max-rows");
 
     buf = fw_pack_norm(12, LNORM__V1__OP__OP_RMS_NORM, 1, 513, 2, NULL, &len);
     code = status_of(s, buf, len, 12, msg, sizeof msg);
     printf("limits: hidden 513 > max-hidden 512 -> status %d (%s)\n", code, msg);
-    FH_CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "hidden over max-hidden gave %d", code);
+    CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "hidden over max-hidden gave %d", code);
     free(buf);
     expect_serving(s, "max-hidden");
 
     buf = fw_pack_norm(13, LNORM__V1__OP__OP_LAYER_NORM, 64, 512, 3, NULL, &len);
     code = status_of(s, buf, len, 13, msg, sizeof msg);
     printf("limits: %zu-byte request > max-message-bytes 65536 -> status %d (%s)\n", len, code, msg);
-    FH_CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "message over max-message-bytes gave %d",
+    CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "message over max-message-bytes gave %d",
              code);
     free(buf);
     expect_serving(s, "max-message-bytes");
@@ -157,10 +158,10 @@ static int oversize_main(const char *url)
     buf[0] = 0x08; /* request_id = 14, then zeros (field 0: invalid anyway) */
     buf[1] = 14;
     Lnorm__V1__Response *r = NULL;
-    int64_t t0 = fh_now_ms();
+    int64_t t0 = td_now_ms();
     int rv = call(s, buf, len, &r);
     printf("limits: 2 MiB message (over the NNG limit) -> %s after %lld ms\n",
-           rv == 0 ? "a reply" : nng_strerror(rv), (long long)(fh_now_ms() - t0));
+           rv == 0 ? "a reply" : nng_strerror(rv), (long long)(td_now_ms() - t0));
     fflush(NULL);
     _exit(rv != 0 ? 0 : 1);
 }
@@ -173,18 +174,18 @@ static void check_transport_limit(nng_socket good, const char *self)
         execl(self, "fault_limits", "-", "oversize", g_url, (char *)NULL);
         _exit(127);
     }
-    FH_CHECK(pid > 0, "fork");
+    CHECK(pid > 0, "fork");
     if (pid <= 0)
         return;
-    int64_t end = fh_now_ms() + 30000;
+    int64_t end = td_now_ms() + 30000;
     int st = 0, done = 0;
-    while (!(done = waitpid(pid, &st, WNOHANG) == pid) && fh_now_ms() < end)
-        fh_sleep_ms(20);
+    while (!(done = waitpid(pid, &st, WNOHANG) == pid) && td_now_ms() < end)
+        td_sleep_ms(20);
     if (!done) {
         kill(pid, SIGKILL);
         waitpid(pid, &st, 0);
     }
-    FH_CHECK(done && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+    CHECK(done && WIFEXITED(st) && WEXITSTATUS(st) == 0,
              "over-size message: helper %s (status %d; 1 = it got a reply)",
              done ? "failed" : "stuck for 30 s", done && WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     expect_serving(good, "an over-size message");
@@ -205,20 +206,20 @@ static void check_params_limit(nng_socket s)
         else if (code == LNORM__V1__CODE__RESOURCE_EXHAUSTED)
             exhausted = 1;
         else
-            FH_CHECK(0, "RegisterParams %s gave status %d (%s)", id, code, msg);
+            CHECK_FAIL("RegisterParams %s gave status %d (%s)", id, code, msg);
     }
     printf("limits: %d RegisterParams of 1 KiB accepted before RESOURCE_EXHAUSTED (%s)\n", ok,
            exhausted ? msg : "never");
-    FH_CHECK(exhausted && ok >= 1 && ok <= 4, "params memory limit 4096: %d accepted, exhausted %d",
+    CHECK(exhausted && ok >= 1 && ok <= 4, "params memory limit 4096: %d accepted, exhausted %d",
              ok, exhausted);
     uint8_t *buf = pack_drop(40, "lim.p0", &len);
     int code = status_of(s, buf, len, 40, msg, sizeof msg);
     free(buf);
-    FH_CHECK(code == 0, "DropParams gave %d (%s)", code, msg);
+    CHECK(code == 0, "DropParams gave %d (%s)", code, msg);
     buf = pack_register(41, "lim.again", 256, &len);
     code = status_of(s, buf, len, 41, msg, sizeof msg);
     free(buf);
-    FH_CHECK(code == 0, "RegisterParams after a drop gave %d (%s): memory not given back", code, msg);
+    CHECK(code == 0, "RegisterParams after a drop gave %d (%s): memory not given back", code, msg);
     expect_serving(s, "the params limit");
 }
 
@@ -231,7 +232,7 @@ static void check_concurrency_limit(const char *url, uint64_t rows, uint64_t hid
                                     const char *why_sub)
 {
     nng_socket s;
-    FH_CHECK(fw_req_open(&s, url, 10000, 100) == 0, "open");
+    CHECK(fw_req_open(&s, url, 10000, 100) == 0, "open");
     nng_ctx ctx[WAVE];
     nng_aio *aio[WAVE];
     float *x[WAVE];
@@ -294,10 +295,10 @@ static void check_concurrency_limit(const char *url, uint64_t rows, uint64_t hid
     }
     printf("limits: %s: %d waves of %d: %ld ok, %ld RESOURCE_EXHAUSTED, %ld other\n", label, waves,
            WAVE, ok, full, other);
-    FH_CHECK(full > 0, "%s: no RESOURCE_EXHAUSTED in %d waves of %d concurrent requests", label, waves,
+    CHECK(full > 0, "%s: no RESOURCE_EXHAUSTED in %d waves of %d concurrent requests", label, waves,
              WAVE);
-    FH_CHECK(other == 0, "%ld replies neither OK-and-correct nor RESOURCE_EXHAUSTED", other);
-    FH_CHECK(ok > 0, "no request got through");
+    CHECK(other == 0, "%ld replies neither OK-and-correct nor RESOURCE_EXHAUSTED", other);
+    CHECK(ok > 0, "no request got through");
     for (int i = 0; i < WAVE; i++) {
         nng_ctx_close(ctx[i]);
         nng_aio_free(aio[i]);
@@ -307,24 +308,21 @@ static void check_concurrency_limit(const char *url, uint64_t rows, uint64_t hid
 
 /* A second lnormd with args; waves of rows x hidden requests must hit the
  * limit named why_sub; then a normalize works and it exits 0. */
-static void side_daemon(const char *lnormd, const char *dir, const char *const *args, uint64_t rows,
-                        uint64_t hidden, const char *label, const char *why_sub)
+static void side_daemon(const char *lnormd, const char *const *args, uint64_t rows, uint64_t hidden,
+                        const char *label, const char *why_sub)
 {
-    fh_daemon d2;
-    if (fh_daemon_start(&d2, lnormd, dir, args, 15000) != 0) {
-        FH_CHECK(0, "lnormd did not start for %s", label);
+    td_daemon d2;
+    if (td_start(&d2, lnormd, NULL, args, 0) != 0) {
+        CHECK_FAIL("lnormd did not start for %s", label);
         return;
     }
-    const char *url = fh_daemon_url(&d2, "tcp://");
+    const char *url = d2.tcp_url;
     check_concurrency_limit(url, rows, hidden, label, why_sub);
     nng_socket s2;
-    FH_CHECK(fw_req_open(&s2, url, 5000, 100) == 0, "open");
+    CHECK(fw_req_open(&s2, url, 5000, 100) == 0, "open");
     expect_serving(s2, label);
     nng_close(s2);
-    int st = fh_daemon_stop(&d2, SIGTERM, 15000);
-    fh_check_exit0(&d2, st, "on SIGTERM after a concurrency limit");
-    if (fh_failures)
-        fh_daemon_dump_log(&d2);
+    td_stop_check(&d2, "on SIGTERM after a concurrency limit");
 }
 
 int main(int argc, char **argv)
@@ -335,21 +333,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
         return 2;
     }
-    char dir[256];
-    if (fh_mkdtemp(dir, sizeof dir, "limits") != 0)
-        return 1;
     const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
                           "--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "512",
                           "--max-params-bytes", "4096",
                           "--contexts", "128", NULL};
-    fh_daemon d;
-    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
-        fh_rmdir(dir);
+    td_daemon d;
+    if (td_start(&d, argv[1], NULL, args, 0) != 0)
         return 1;
-    }
-    g_url = fh_daemon_url(&d, "tcp://");
+    g_url = d.tcp_url;
     nng_socket s;
-    FH_CHECK(fw_req_open(&s, g_url, 5000, 100) == 0, "open");
+    CHECK(fw_req_open(&s, g_url, 5000, 100) == 0, "open");
     expect_serving(s, "start");
     check_shape_limits(s);
     check_transport_limit(s, "/proc/self/exe");
@@ -358,17 +351,14 @@ int main(int argc, char **argv)
     uint8_t *hb = fw_pack_health(77, &len);
     Lnorm__V1__Response *r = NULL;
     int rv = call(s, hb, len, &r);
-    FH_CHECK(rv == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_HEALTH && r->health &&
+    CHECK(rv == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_HEALTH && r->health &&
                  r->health->serving,
              "Health after the limits: %s", rv ? nng_strerror(rv) : "not serving");
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
     free(hb);
     nng_close(s);
-    int st = fh_daemon_stop(&d, SIGTERM, 15000);
-    fh_check_exit0(&d, st, "on SIGTERM after the limits");
-    if (fh_failures)
-        fh_daemon_dump_log(&d);
+    td_stop_check(&d, "on SIGTERM after the limits");
 
     /* Queue: requests of 1 MiB payload (in + out) are run by the CPU
      * workers (lnormd runs batches of <= 512 KiB inline, and those never
@@ -376,12 +366,11 @@ int main(int argc, char **argv)
      * overflows the queue. */
     const char *qargs[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
                            "--max-queue", "1", "--max-batch-rows", "64", NULL};
-    side_daemon(argv[1], dir, qargs, 64, 2048, "queue (max-queue 1)", "max-queue");
+    side_daemon(argv[1], qargs, 64, 2048, "queue (max-queue 1)", "max-queue");
     /* Payload memory of requests in flight: 2 MiB holds 2 of 1 MiB. */
     const char *iargs[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
                            "--max-inflight-bytes", "2097152", "--max-batch-rows", "64", NULL};
-    side_daemon(argv[1], dir, iargs, 64, 2048, "in-flight memory (max-inflight-bytes 2 MiB)",
+    side_daemon(argv[1], iargs, 64, 2048, "in-flight memory (max-inflight-bytes 2 MiB)",
                 "max-inflight-bytes");
-    fh_rmdir(dir);
-    return fh_finish("fault.limits");
+    return check_finish("fault.limits");
 }

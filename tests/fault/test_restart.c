@@ -33,7 +33,8 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "lnorm/lnorm.h"
 #include "wire.h"
 
@@ -56,10 +57,10 @@ typedef struct cstats {
 static int nng_call_resend(nng_socket s, const uint8_t *buf, size_t len, Lnorm__V1__Response **r,
                            long *resends)
 {
-    int64_t end = fh_now_ms() + 15000;
+    int64_t end = td_now_ms() + 15000;
     for (;;) {
         int rv = fw_req_call(s, buf, len, r);
-        if ((rv != NNG_ETIMEDOUT && rv != NNG_ECONNRESET && rv != NNG_ECONNSHUT) || fh_now_ms() >= end)
+        if ((rv != NNG_ETIMEDOUT && rv != NNG_ECONNRESET && rv != NNG_ECONNSHUT) || td_now_ms() >= end)
             return rv;
         (*resends)++;
     }
@@ -99,7 +100,7 @@ static void *nng_client(void *arg)
             lnorm__v1__response__free_unpacked(r, NULL);
         free(buf);
         free(x);
-        fh_sleep_ms(5);
+        td_sleep_ms(5);
     }
     nng_close(s);
     return NULL;
@@ -175,16 +176,14 @@ int main(int argc, char **argv)
         return 2;
     }
     char dir[256], sock[320];
-    if (fh_mkdtemp(dir, sizeof dir, "restart") != 0)
+    if (td_tmpdir(dir, sizeof dir, "restart") != 0)
         return 1;
     snprintf(sock, sizeof sock, "%s/lnormd.sock", dir);
     snprintf(g_url, sizeof g_url, "ipc://%s", sock);
     const char *args[] = {"--listen", g_url, "--backend", "cpu", "--cpu-threads", "1", NULL};
-    fh_daemon d;
-    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
-        fh_rmdir(dir);
+    td_daemon d;
+    if (td_start(&d, argv[1], dir, args, 0) != 0)
         return 1;
-    }
     atomic_init(&g_stop, 0);
     atomic_init(&g_restart_ms, 0);
     cstats a;
@@ -197,21 +196,20 @@ int main(int argc, char **argv)
     pthread_create(&ta, NULL, nng_client, &a);
     pthread_create(&tb, NULL, lib_client, &b);
     pthread_create(&tc, NULL, lib_client, &c);
-    fh_sleep_ms(1000);
+    td_sleep_ms(1000);
 
     long before = a.ok + b.st.ok + c.st.ok;
-    int st = fh_daemon_stop(&d, SIGKILL, 5000);
-    FH_CHECK(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "lnormd did not die of SIGKILL");
+    int st = td_stop(&d, SIGKILL, 5000);
+    CHECK(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "lnormd did not die of SIGKILL");
     struct stat sb;
     printf("restart: killed lnormd after %ld good requests; socket file %s\n", before,
            stat(sock, &sb) == 0 ? "left behind (stale)" : "gone");
-    fh_sleep_ms(500);
-    fh_daemon d2;
-    int started = fh_daemon_start(&d2, argv[1], dir, args, 15000) == 0;
-    FH_CHECK(started, "lnormd did not start again on %s after kill -9", g_url);
+    td_sleep_ms(500);
+    int started = td_restart(&d) == 0;
+    CHECK(started, "lnormd did not start again on %s after kill -9", g_url);
     if (started) {
-        atomic_store(&g_restart_ms, fh_now_ms());
-        fh_sleep_ms(2500);
+        atomic_store(&g_restart_ms, td_now_ms());
+        td_sleep_ms(2500);
     }
     atomic_store(&g_stop, 1);
     pthread_join(ta, NULL);
@@ -228,22 +226,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "liblnorm client (defaults): %s\n", b.st.problem);
     if (c.st.problem[0])
         fprintf(stderr, "liblnorm client (resend_ms 2000): %s\n", c.st.problem);
-    FH_CHECK(a.failed == 0, "NNG client: requests failed across the restart");
-    FH_CHECK(c.st.failed == 0, "liblnorm (resend_ms 2000): requests failed across the restart");
+    CHECK(a.failed == 0, "NNG client: requests failed across the restart");
+    CHECK(c.st.failed == 0, "liblnorm (resend_ms 2000): requests failed across the restart");
     /* lnorm.h: resend_ms <= 0 (the default) never resends on a live
      * connection, "requests on a dropped connection are still resent
      * elsewhere". Hold the library to it. */
-    FH_CHECK(b.st.failed == 0,
+    CHECK(b.st.failed == 0,
              "liblnorm (default options): a request on the killed connection failed instead of "
              "being resent, contrary to lnorm.h's resend_ms contract");
-    FH_CHECK(a.ok_after_restart > 0 && b.st.ok_after_restart > 0 && c.st.ok_after_restart > 0,
+    CHECK(a.ok_after_restart > 0 && b.st.ok_after_restart > 0 && c.st.ok_after_restart > 0,
              "a client made no progress after the restart");
-    if (started) {
-        st = fh_daemon_stop(&d2, SIGTERM, 15000);
-        fh_check_exit0(&d2, st, "restarted, on SIGTERM");
-        if (fh_failures)
-            fh_daemon_dump_log(&d2);
-    }
-    fh_rmdir(dir);
-    return fh_finish("fault.kill9_restart");
+    if (started)
+        td_stop_check(&d, "restarted, on SIGTERM");
+    return check_finish("fault.kill9_restart");
 }

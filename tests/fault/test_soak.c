@@ -25,7 +25,8 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "loadgen.h"
 
 int main(int argc, char **argv)
@@ -48,49 +49,38 @@ int main(int argc, char **argv)
         fprintf(stderr, "soak: --seconds 10..3600, --clients-per-url 1..64\n");
         return 2;
     }
-    char dir[256], ipc[320];
-    if (fh_mkdtemp(dir, sizeof dir, "soak") != 0)
+    const char *args[] = {"--backend", "cpu", NULL};
+    td_daemon d;
+    if (td_start(&d, argv[1], NULL, args, TD_ENDPOINTS) != 0)
         return 1;
-    snprintf(ipc, sizeof ipc, "ipc://%s/lnormd.sock", dir);
-    const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--listen", ipc, "--backend", "cpu", NULL};
-    fh_daemon d;
-    if (fh_daemon_start(&d, argv[1], dir, args, 15000) != 0) {
-        fh_rmdir(dir);
-        return 1;
-    }
-    const char *tcp = fh_daemon_url(&d, "tcp://"), *ipcu = fh_daemon_url(&d, "ipc://");
-    FH_CHECK(tcp && ipcu, "missing listen lines");
-    if (!tcp || !ipcu) {
-        fh_daemon_stop(&d, SIGKILL, 5000);
-        return 1;
-    }
+    const char *tcp = d.tcp_url, *ipcu = d.ipc_url;
     fl_load *a = fl_start(tcp, k, 32, 1024, 10000);
     fl_load *b = fl_start(ipcu, k, 8, 4096, 10000);
-    int64_t t0 = fh_now_ms(), end = t0 + (int64_t)seconds * 1000;
+    int64_t t0 = td_now_ms(), end = t0 + (int64_t)seconds * 1000;
     int64_t warm = t0 + (seconds * 1000 / 5 > 5000 ? seconds * 1000 / 5 : 5000);
     long rss_warm = -1, rss_max = 0, rss_end = -1, rss_peak_warmup = 0;
     int64_t next_report = t0 + 5000;
-    while (fh_now_ms() < end) {
-        fh_sleep_ms(250);
-        long r = fh_rss_kb(d.pid);
+    while (td_now_ms() < end) {
+        td_sleep_ms(250);
+        long r = td_rss_kb(&d);
         if (r < 0) {
-            FH_CHECK(0, "lnormd is gone (RSS unreadable) after %lld ms", (long long)(fh_now_ms() - t0));
+            CHECK_FAIL("lnormd is gone (RSS unreadable) after %lld ms", (long long)(td_now_ms() - t0));
             break;
         }
         if (rss_warm < 0) {
             if (r > rss_peak_warmup)
                 rss_peak_warmup = r;
-            if (fh_now_ms() >= warm)
+            if (td_now_ms() >= warm)
                 rss_warm = r;
         } else if (r > rss_max) {
             rss_max = r;
         }
         rss_end = r;
-        if (fh_now_ms() >= next_report) {
+        if (td_now_ms() >= next_report) {
             fl_stats sa, sb;
             fl_peek(a, &sa);
             fl_peek(b, &sb);
-            printf("soak: t=%3llds ok %ld errors %ld rss %ld KiB\n", (long long)((fh_now_ms() - t0) / 1000),
+            printf("soak: t=%3llds ok %ld errors %ld rss %ld KiB\n", (long long)((td_now_ms() - t0) / 1000),
                    sa.ok + sb.ok, sa.wrong + sa.failed + sb.wrong + sb.failed, r);
             next_report += 5000;
         }
@@ -98,7 +88,7 @@ int main(int argc, char **argv)
     fl_stats sa, sb;
     fl_stop(a, &sa);
     fl_stop(b, &sb);
-    double secs = (double)(fh_now_ms() - t0) / 1000.0;
+    double secs = (double)(td_now_ms() - t0) / 1000.0;
     long ok = sa.ok + sb.ok, errors = sa.wrong + sa.failed + sb.wrong + sb.failed;
     double growth = rss_warm > 0 ? 100.0 * (double)(rss_end - rss_warm) / (double)rss_warm : 100.0;
     int64_t max_ms = sa.max_ms > sb.max_ms ? sa.max_ms : sb.max_ms;
@@ -110,20 +100,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "soak: tcp clients: %s\n", sa.first_problem);
     if (sb.first_problem[0])
         fprintf(stderr, "soak: ipc clients: %s\n", sb.first_problem);
-    FH_CHECK(errors == 0, "%ld errors under load", errors);
-    FH_CHECK(ok > 0, "no correct replies");
+    CHECK(errors == 0, "%ld errors under load", errors);
+    CHECK(ok > 0, "no correct replies");
 #if defined(__SANITIZE_ADDRESS__)
     /* ASan's quarantine of freed blocks makes RSS meaningless here;
      * LeakSanitizer checks lnormd's exit (non-zero on a leak) instead. */
     printf("soak: ASan build: RSS not judged; LeakSanitizer runs at lnormd's exit\n");
 #else
     long slack_kb = rss_warm / 20 > 1024 ? rss_warm / 20 : 1024;
-    FH_CHECK(rss_warm > 0 && rss_end - rss_warm < slack_kb,
+    CHECK(rss_warm > 0 && rss_end - rss_warm < slack_kb,
              "RSS grew %.2f%% after warm-up (%ld -> %ld KiB; allowed %ld KiB)", growth, rss_warm, rss_end,
              slack_kb);
 #endif
-    int st = fh_daemon_stop(&d, SIGTERM, 20000);
-    fh_check_exit0(&d, st, "on SIGTERM after the soak");
+    int st = td_stop(&d, SIGTERM, 20000);
+    td_check_exit0(&d, st, "on SIGTERM after the soak");
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -138,15 +128,12 @@ int main(int argc, char **argv)
                     "\"max\": %ld, \"end\": %ld},\n  \"rss_growth_pct\": %.2f,\n  \"exit_status\": %d,\n"
                     "  \"pass\": %s\n}\n",
                     date, secs, k, k, ok, ok / secs, errors, (long long)max_ms, rss_peak_warmup, rss_warm,
-                    rss_max, rss_end, growth, st, fh_failures ? "false" : "true");
+                    rss_max, rss_end, growth, st, check_failures() ? "false" : "true");
             fclose(f);
             printf("soak: wrote %s\n", json);
         } else {
             perror(json);
         }
     }
-    if (fh_failures)
-        fh_daemon_dump_log(&d);
-    fh_rmdir(dir);
-    return fh_finish("fault.soak");
+    return check_finish("fault.soak");
 }

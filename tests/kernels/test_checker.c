@@ -9,22 +9,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "half.h"
 #include "lnorm_core.h"
 #include "testcase.h"
 #include "testutil.h"
 
-static int g_fails;
-
-#define EXPECT(cond, ...)                                        \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-            g_fails++;                                           \
-        }                                                        \
-    } while (0)
 
 enum bug { OK_NAIVE, PADDED_COUNT, NO_EPS, EPS_OUTSIDE, F16_ACCUM, NBUGS };
 static const char *const bug_names[] = {"correct naive fp32", "divide by padded count", "eps missing",
@@ -102,36 +92,36 @@ int main(void)
             mutant(&tc.seg, (enum bug)b);
             long f = quiet_check(&tc.seg);
             if (b == OK_NAIVE)
-                EXPECT(f == 0, "H=%lld: %s rejected (%ld mismatches): tolerance too tight", (long long)H,
+                CHECK(f == 0, "H=%lld: %s rejected (%ld mismatches): tolerance too tight", (long long)H,
                        bug_names[b], f);
             else
-                EXPECT(f > 0, "H=%lld: %s passed the checker: tolerance too loose", (long long)H, bug_names[b]);
+                CHECK(f > 0, "H=%lld: %s passed the checker: tolerance too loose", (long long)H, bug_names[b]);
             printf("H=%lld %-24s -> %ld mismatches\n", (long long)H, bug_names[b], f);
         }
         /* The backend's own output passes; then single perturbations fail. */
         lnorm_test_case_repoison(&tc);
-        EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
-        EXPECT(quiet_check(&tc.seg) == 0, "backend output rejected");
+        CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+        CHECK(quiet_check(&tc.seg) == 0, "backend output rejected");
         float *y = tc.y;
         size_t k = (size_t)(3 * H + H / 2);
         float keep = y[k];
         /* 3e-6 of the row's scale (R ~ 4, gamma ~ 1): just over 2x the bound. */
         y[k] = keep + 1.2e-5f;
-        EXPECT(quiet_check(&tc.seg) == 1, "a y element off by 1.2e-5 was not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "a y element off by 1.2e-5 was not caught");
         y[k] = lnorm__u2f(0xFFFFFFFFu);
-        EXPECT(quiet_check(&tc.seg) == 1, "a still-poisoned y element was not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "a still-poisoned y element was not caught");
         y[k] = keep;
         float m = tc.mean[2];
         tc.mean[2] = m + 3e-6f * (fabsf(m) + 1.0f);
-        EXPECT(quiet_check(&tc.seg) == 1, "a mean off by 3e-6 was not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "a mean off by 3e-6 was not caught");
         tc.mean[2] = NAN;
-        EXPECT(quiet_check(&tc.seg) == 1, "a NaN mean was not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "a NaN mean was not caught");
         tc.mean[2] = m;
         float rs = tc.rstd[5];
         tc.rstd[5] = rs * (1.0f + 3e-6f);
-        EXPECT(quiet_check(&tc.seg) == 1, "an rstd off by 3e-6 relative was not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "an rstd off by 3e-6 relative was not caught");
         tc.rstd[5] = rs;
-        EXPECT(quiet_check(&tc.seg) == 0, "restored output rejected");
+        CHECK(quiet_check(&tc.seg) == 0, "restored output rejected");
         lnorm_test_case_free(&tc);
     }
     /* f16 and bf16 outputs: one ulp off passes, two ulps fail. */
@@ -142,8 +132,8 @@ int main(void)
         lnorm_test_case tc;
         if (lnorm_test_case_make(&tc, &c, &g))
             return 1;
-        EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
-        EXPECT(quiet_check(&tc.seg) == 0, "%s output rejected", lnorm_dtype_name(hdts[i]));
+        CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+        CHECK(quiet_check(&tc.seg) == 0, "%s output rejected", lnorm_dtype_name(hdts[i]));
         uint16_t *y = tc.y;
         size_t k = 700;
         uint16_t keep = y[k];
@@ -153,7 +143,7 @@ int main(void)
         y[k] = (uint16_t)(keep + 1);
         y[k] = (uint16_t)(keep + 3);
         long three = quiet_check(&tc.seg);
-        EXPECT(three == 1, "%s: an output 3 ulps off was not caught", lnorm_dtype_name(hdts[i]));
+        CHECK(three == 1, "%s: an output 3 ulps off was not caught", lnorm_dtype_name(hdts[i]));
         /* One ulp from the correctly rounded reference passes, two fail. */
         double want = 0;
         {
@@ -164,14 +154,14 @@ int main(void)
         uint16_t rn = hdts[i] == LNORM_DTYPE_F16 ? lnorm_f32_to_f16((float)lnorm_test_round(want, hdts[i]))
                                                  : lnorm_f32_to_bf16((float)lnorm_test_round(want, hdts[i]));
         y[k] = (uint16_t)(rn + 1);
-        EXPECT(quiet_check(&tc.seg) == 0, "%s: 1 ulp from the correct rounding rejected", lnorm_dtype_name(hdts[i]));
+        CHECK(quiet_check(&tc.seg) == 0, "%s: 1 ulp from the correct rounding rejected", lnorm_dtype_name(hdts[i]));
         y[k] = (uint16_t)(rn + 2);
-        EXPECT(quiet_check(&tc.seg) == 1, "%s: 2 ulps from the correct rounding not caught", lnorm_dtype_name(hdts[i]));
+        CHECK(quiet_check(&tc.seg) == 1, "%s: 2 ulps from the correct rounding not caught", lnorm_dtype_name(hdts[i]));
         y[k] = keep;
         /* residual_out must be bit-exact: flip its lowest bit. */
         float *ro = tc.residual_out;
         ro[9] = lnorm__u2f(lnorm__f2u(ro[9]) ^ 1u);
-        EXPECT(quiet_check(&tc.seg) == 1, "residual_out 1 ulp off not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "residual_out 1 ulp off not caught");
         lnorm_test_case_free(&tc);
     }
     /* NaN in the reference demands NaN in the output. */
@@ -181,13 +171,12 @@ int main(void)
         if (lnorm_test_case_make(&tc, &c, &g))
             return 1;
         ((float *)tc.x)[70] = NAN;
-        EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
-        EXPECT(quiet_check(&tc.seg) == 0, "NaN row rejected");
+        CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+        CHECK(quiet_check(&tc.seg) == 0, "NaN row rejected");
         ((float *)tc.y)[80] = 0.0f;
-        EXPECT(quiet_check(&tc.seg) == 1, "a finite output where the reference is NaN not caught");
+        CHECK(quiet_check(&tc.seg) == 1, "a finite output where the reference is NaN not caught");
         lnorm_test_case_free(&tc);
     }
     lnorm_cpu_destroy(cpu);
-    printf("%s checker self-test (%d failures)\n", g_fails ? "FAIL" : "PASS", g_fails);
-    return g_fails != 0;
+    return check_finish("kernels.checker_selftest");
 }

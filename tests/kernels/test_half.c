@@ -12,22 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "half.h"
 #include "lnorm_core.h"
 #include "testutil.h"
 
-static long g_fails;
-
-#define EXPECT(cond, ...)                                        \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            if (g_fails++ < 10) {                                \
-                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-                fprintf(stderr, __VA_ARGS__);                    \
-                fprintf(stderr, "\n");                           \
-            }                                                    \
-        }                                                        \
-    } while (0)
 
 static float to_f32(uint16_t h, int dt)
 {
@@ -51,18 +40,18 @@ static void header_tests(int dt)
         uint16_t h = (uint16_t)b;
         float f = to_f32(h, dt);
         if (is_nan16(h, dt)) {
-            EXPECT(isnan(f), "%s %04x -> not NaN", n, b);
+            CHECK(isnan(f), "%s %04x -> not NaN", n, b);
             uint16_t back = from_f32(f, dt);
-            EXPECT(is_nan16(back, dt) && (back & 0x8000) == (h & 0x8000), "%s NaN %04x -> %04x", n, b, back);
+            CHECK(is_nan16(back, dt) && (back & 0x8000) == (h & 0x8000), "%s NaN %04x -> %04x", n, b, back);
             continue;
         }
-        EXPECT(from_f32(f, dt) == h, "%s %04x -> %a -> %04x", n, b, f, from_f32(f, dt));
+        CHECK(from_f32(f, dt) == h, "%s %04x -> %a -> %04x", n, b, f, from_f32(f, dt));
         if (dt == LNORM_DTYPE_F16) {
             int e = (b >> 10) & 31, m = b & 1023;
             double v = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
             if (b & 0x8000)
                 v = -v;
-            EXPECT(f == v, "f16 %04x -> %a, want %a", b, f, v);
+            CHECK(f == v, "f16 %04x -> %a, want %a", b, f, v);
         }
         /* Ties between h and its upper neighbour (positive finite h only). */
         if (!(b & 0x8000) && isfinite(f)) {
@@ -71,10 +60,10 @@ static void header_tests(int dt)
                 continue;
             float mid = (float)(((double)f + (double)up) / 2); /* exact in f32 */
             uint16_t even = (h & 1) ? (uint16_t)(h + 1) : h;
-            EXPECT(from_f32(mid, dt) == even, "%s tie %a -> %04x, want %04x", n, mid, from_f32(mid, dt), even);
-            EXPECT(from_f32(-mid, dt) == (even | 0x8000), "%s tie -%a", n, mid);
-            EXPECT(from_f32(nextafterf(mid, 0.0f), dt) == h, "%s below tie %a", n, mid);
-            EXPECT(from_f32(nextafterf(mid, INFINITY), dt) == h + 1, "%s above tie %a", n, mid);
+            CHECK(from_f32(mid, dt) == even, "%s tie %a -> %04x, want %04x", n, mid, from_f32(mid, dt), even);
+            CHECK(from_f32(-mid, dt) == (even | 0x8000), "%s tie -%a", n, mid);
+            CHECK(from_f32(nextafterf(mid, 0.0f), dt) == h, "%s below tie %a", n, mid);
+            CHECK(from_f32(nextafterf(mid, INFINITY), dt) == h + 1, "%s above tie %a", n, mid);
         }
     }
     /* Random f32 patterns against the independent double rounding. */
@@ -84,23 +73,23 @@ static void header_tests(int dt)
         float f = lnorm__u2f((uint32_t)lnorm_rng_next(&g));
         uint16_t got = from_f32(f, dt);
         if (isnan(f)) {
-            EXPECT(is_nan16(got, dt), "%s NaN %a", n, f);
+            CHECK(is_nan16(got, dt), "%s NaN %a", n, f);
             continue;
         }
         double want = lnorm_test_round((double)f, dt);
         double gv = to_f32(got, dt);
-        EXPECT(gv == want && signbit(gv) == signbit(want), "%s round %a -> %a, want %a", n, f, gv, want);
+        CHECK(gv == want && signbit(gv) == signbit(want), "%s round %a -> %a, want %a", n, f, gv, want);
     }
     /* Overflow and underflow edges. */
     if (dt == LNORM_DTYPE_F16) {
-        EXPECT(lnorm_f32_to_f16(65519.99f) == 0x7bff, "65519.99");
-        EXPECT(lnorm_f32_to_f16(65520.0f) == 0x7c00, "65520 -> inf");
-        EXPECT(lnorm_f32_to_f16(0x1p-25f) == 0x0000, "2^-25 tie -> 0");
-        EXPECT(lnorm_f32_to_f16(nextafterf(0x1p-25f, 1.0f)) == 0x0001, "above 2^-25 -> min subnormal");
-        EXPECT(lnorm_f32_to_f16(0x3p-25f) == 0x0002, "1.5 * 2^-24 tie -> even 2");
+        CHECK(lnorm_f32_to_f16(65519.99f) == 0x7bff, "65519.99");
+        CHECK(lnorm_f32_to_f16(65520.0f) == 0x7c00, "65520 -> inf");
+        CHECK(lnorm_f32_to_f16(0x1p-25f) == 0x0000, "2^-25 tie -> 0");
+        CHECK(lnorm_f32_to_f16(nextafterf(0x1p-25f, 1.0f)) == 0x0001, "above 2^-25 -> min subnormal");
+        CHECK(lnorm_f32_to_f16(0x3p-25f) == 0x0002, "1.5 * 2^-24 tie -> even 2");
     } else {
-        EXPECT(lnorm_f32_to_bf16(0x1.fffffep127f) == 0x7f80, "max f32 -> bf16 inf");
-        EXPECT(lnorm_f32_to_bf16(-INFINITY) == 0xff80, "-inf");
+        CHECK(lnorm_f32_to_bf16(0x1.fffffep127f) == 0x7f80, "max f32 -> bf16 inf");
+        CHECK(lnorm_f32_to_bf16(-INFINITY) == 0xff80, "-inf");
     }
 }
 
@@ -112,7 +101,7 @@ static void backend_tests(lnorm_cpu *cpu, int dt)
     uint16_t *x = malloc(H * R * 2), *r = malloc(H * R * 2), *ro = malloc(H * R * 2);
     float *y = malloc(H * R * 4);
     if (!x || !r || !ro || !y) {
-        EXPECT(0, "oom");
+        CHECK_FAIL("oom");
         goto out;
     }
     for (int64_t row = 0; row < R; row++)
@@ -143,7 +132,7 @@ static void backend_tests(lnorm_cpu *cpu, int dt)
     memset(ro, 0xFF, H * R * 2);
     const char *why = NULL;
     int err = lnorm_cpu_run_segment(cpu, &s, &why);
-    EXPECT(err == LNORM_OK, "run: %s", why ? why : "");
+    CHECK(err == LNORM_OK, "run: %s", why ? why : "");
     long bad = 0;
     for (int64_t k = 0; k < H * R; k++) {
         float sum = to_f32(x[k], dt) + to_f32(r[k], dt);
@@ -154,7 +143,7 @@ static void backend_tests(lnorm_cpu *cpu, int dt)
             fprintf(stderr, "  isa %s %s: x=%04x r=%04x -> %04x, want %a\n", lnorm_cpu_isa(cpu),
                     lnorm_dtype_name(dt), x[k], r[k], ro[k], want);
     }
-    EXPECT(bad == 0, "isa %s %s: %ld residual_out roundings wrong", lnorm_cpu_isa(cpu), lnorm_dtype_name(dt), bad);
+    CHECK(bad == 0, "isa %s %s: %ld residual_out roundings wrong", lnorm_cpu_isa(cpu), lnorm_dtype_name(dt), bad);
 out:
     free(x);
     free(r);
@@ -180,6 +169,5 @@ int main(void)
         printf("isa %s: residual rounding checked\n", isas[i]);
     }
     lnorm_cpu_destroy(cpu);
-    printf("%s half conversions (%ld failures)\n", g_fails ? "FAIL" : "PASS", g_fails);
-    return g_fails != 0;
+    return check_finish("kernels.half_conversions");
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "lnorm_core.h"
+#include "check.h"
 #include "testcase.h"
 #include "testutil.h"
 
@@ -19,7 +20,7 @@ static const int64_t small_h[] = {1, 2, 3, 63, 64, 65, 127, 1000, 4096, 4097};
 static const int64_t big_h[] = {65536, 262144};
 static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
 
-static long g_cases, g_fails;
+static long g_cases;
 
 /* Build, run (through the pool or on the caller) and check one case. */
 static void run_case(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng *g, int via_pool)
@@ -34,8 +35,7 @@ static void run_case(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng *
              cfg->residual, cfg->stats, (long long)cfg->hidden, (long long)cfg->rows, (long long)cfg->pad);
     g_cases++;
     if (lnorm_test_case_make(&tc, cfg, g) != LNORM_OK) {
-        fprintf(stderr, "FAIL %s: out of memory\n", label);
-        g_fails++;
+        CHECK_FAIL("%s: out of memory", label);
         return;
     }
     const char *why = NULL;
@@ -46,21 +46,14 @@ static void run_case(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng *
     } else {
         err = lnorm_cpu_run_segment(cpu, &tc.seg, &why);
     }
-    long bad;
     if (err != LNORM_OK) {
-        fprintf(stderr, "FAIL %s: run returned %s (%s)\n", label, lnorm_errname(err), why ? why : "");
-        bad = 1;
+        CHECK_FAIL("%s: run returned %s (%s)", label, lnorm_errname(err), why ? why : "");
     } else {
-        bad = lnorm_test_check_segment(&tc.seg, NULL, label);
+        long bad = lnorm_test_check_segment(&tc.seg, NULL, label);
         long pads = lnorm_test_case_pad_writes(&tc);
-        if (pads) {
-            fprintf(stderr, "FAIL %s: %ld bytes written in row padding\n", label, pads);
-            bad += pads;
-        }
-        if (bad)
-            fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
+        CHECK(bad == 0, "%s: %ld mismatches", label, bad);
+        CHECK(pads == 0, "%s: %ld bytes written in row padding", label, pads);
     }
-    g_fails += bad != 0;
     lnorm_test_case_free(&tc);
 }
 
@@ -144,13 +137,11 @@ int main(int argc, char **argv)
     }
     lnorm_cpu *cpu;
     if (lnorm_cpu_create(&cpu, 2) != LNORM_OK) {
-        fprintf(stderr, "FAIL: lnorm_cpu_create\n");
-        return 1;
+        CHECK_FAIL("lnorm_cpu_create");
+        return check_finish("kernels.matrix");
     }
     lnorm_rng g;
-    /* Fixed seed by default (reproducible); $LNORM_TEST_SEED to explore. */
-    const char *seed = getenv("LNORM_TEST_SEED");
-    lnorm_rng_seed(&g, seed ? strtoull(seed, NULL, 0) : 0x5eed1234u);
+    lnorm_rng_seed(&g, lnorm_test_seed(0x5eed1234u));
     int ran = 0;
     for (int i = 0; i < 3; i++) {
         if (argc > 1 && strcmp(argv[1], isas[i]))
@@ -161,26 +152,22 @@ int main(int argc, char **argv)
             continue;
         }
         if (err) {
-            fprintf(stderr, "FAIL: set_isa(%s) = %s\n", isas[i], lnorm_errname(err));
-            g_fails++;
+            CHECK_FAIL("set_isa(%s) = %s", isas[i], lnorm_errname(err));
             continue;
         }
-        long f0 = g_fails, c0 = g_cases;
+        long f0 = check_failures(), c0 = g_cases;
         lnorm_test_worst_reset();
         sweep(cpu, &g);
         printf("isa %s: %ld cases, %ld failed; worst f32 error / bound = %.3f (%s)\n", isas[i], g_cases - c0,
-               g_fails - f0, lnorm_test_worst_ratio(), lnorm_test_worst_where());
+               check_failures() - f0, lnorm_test_worst_ratio(), lnorm_test_worst_where());
         ran++;
     }
     lnorm_cpu_destroy(cpu);
-    if (!ran && argc > 1 && !g_fails) {
+    if (!ran && argc > 1 && !check_failures()) {
         printf("SKIP: isa %s not available here\n", argv[1]);
         return 77; /* ctest SKIP_RETURN_CODE: reported as skipped, not passed */
     }
-    if (!ran) {
-        fprintf(stderr, "FAIL: no ISA was checked\n");
-        return 1;
-    }
-    printf("%s: %ld cases, %ld failed\n", g_fails ? "FAIL" : "PASS", g_cases, g_fails);
-    return g_fails != 0;
+    CHECK(ran > 0, "no ISA was checked");
+    printf("%ld cases\n", g_cases);
+    return check_finish("kernels.matrix");
 }

@@ -9,34 +9,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "lnorm_core.h"
 #include "testcase.h"
 #include "testutil.h"
 
 static const char *const isas[] = {"scalar", "avx2", "avx512"};
-static int g_fails;
-
-#define EXPECT(cond, ...)                                   \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                   \
-            fprintf(stderr, "\n");                          \
-            g_fails++;                                      \
-        }                                                   \
-    } while (0)
 
 /* A backend set to isa, or NULL when this machine lacks it. */
 static lnorm_cpu *cpu_for(const char *isa, int threads)
 {
     lnorm_cpu *cpu;
     if (lnorm_cpu_create(&cpu, threads) != LNORM_OK) {
-        EXPECT(0, "lnorm_cpu_create");
+        CHECK_FAIL("lnorm_cpu_create");
         return NULL;
     }
     int err = lnorm_cpu_set_isa(cpu, isa);
     if (err) {
-        EXPECT(err == LNORM_ENOTSUP, "set_isa(%s) = %s", isa, lnorm_errname(err));
+        CHECK(err == LNORM_ENOTSUP, "set_isa(%s) = %s", isa, lnorm_errname(err));
         printf("  isa %s: not available, not checked\n", isa);
         lnorm_cpu_destroy(cpu);
         return NULL;
@@ -49,14 +39,14 @@ static long run_check(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng 
 {
     lnorm_test_case tc;
     if (lnorm_test_case_make(&tc, cfg, g)) {
-        EXPECT(0, "%s: out of memory", label);
+        CHECK_FAIL("%s: out of memory", label);
         return 1;
     }
     const char *why = NULL;
     int err = lnorm_cpu_run_segment(cpu, &tc.seg, &why);
     long bad = err ? 1 : lnorm_test_check_segment(&tc.seg, NULL, label);
-    EXPECT(err == LNORM_OK, "%s: run = %s (%s)", label, lnorm_errname(err), why ? why : "");
-    EXPECT(bad == 0, "%s: %ld mismatches", label, bad);
+    CHECK(err == LNORM_OK, "%s: run = %s (%s)", label, lnorm_errname(err), why ? why : "");
+    CHECK(bad == 0, "%s: %ld mismatches", label, bad);
     lnorm_test_case_free(&tc);
     return bad;
 }
@@ -109,12 +99,12 @@ static void t_constant(lnorm_cpu *cpu, lnorm_rng *g)
                                      .gamma = 1, .beta = 1, .stats = 1};
             lnorm_test_case tc;
             if (lnorm_test_case_make(&tc, &c, g)) {
-                EXPECT(0, "oom");
+                CHECK_FAIL("oom");
                 return;
             }
             for (size_t k = 0; k < (size_t)(c.rows * c.hidden); k++)
                 lnorm_test_set(tc.x, dts[i], k, vals[v]);
-            EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+            CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
             long bad = 0;
             for (int64_t r = 0; r < c.rows; r++) {
                 for (int64_t k = 0; k < c.hidden; k++) {
@@ -125,8 +115,8 @@ static void t_constant(lnorm_cpu *cpu, lnorm_rng *g)
                 bad += !isfinite(tc.rstd[r]) || !(tc.mean[r] == (float)lnorm_test_round(vals[v], dts[i]));
                 bad += !(fabs(tc.rstd[r] - 1.0 / sqrt((double)tc.seg.eps)) <= 1e-6 / sqrt((double)tc.seg.eps));
             }
-            EXPECT(bad == 0, "constant rows (%s, value %g): %ld wrong elements", lnorm_dtype_name(dts[i]), vals[v], bad);
-            EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "constant") == 0, "constant rows vs reference");
+            CHECK(bad == 0, "constant rows (%s, value %g): %ld wrong elements", lnorm_dtype_name(dts[i]), vals[v], bad);
+            CHECK(lnorm_test_check_segment(&tc.seg, NULL, "constant") == 0, "constant rows vs reference");
             lnorm_test_case_free(&tc);
         }
 }
@@ -140,31 +130,31 @@ static void t_eps_placement(lnorm_cpu *cpu, lnorm_rng *g)
         lnorm_test_case a, b;
         lnorm_rng g2 = *g;
         if (lnorm_test_case_make(&a, &c, g)) {
-            EXPECT(0, "oom");
+            CHECK_FAIL("oom");
             return;
         }
         c.eps_mode = LNORM_EPS_OUTSIDE;
         if (lnorm_test_case_make(&b, &c, &g2)) { /* same seed: same inputs */
-            EXPECT(0, "oom");
+            CHECK_FAIL("oom");
             lnorm_test_case_free(&a);
             return;
         }
-        EXPECT(lnorm_cpu_run_segment(cpu, &a.seg, NULL) == LNORM_OK, "run inside");
-        EXPECT(lnorm_cpu_run_segment(cpu, &b.seg, NULL) == LNORM_OK, "run outside");
-        EXPECT(lnorm_test_check_segment(&a.seg, NULL, "eps inside") == 0, "eps inside vs its reference");
-        EXPECT(lnorm_test_check_segment(&b.seg, NULL, "eps outside") == 0, "eps outside vs its reference");
-        EXPECT(memcmp(a.x, b.x, a.x_bytes) == 0, "inputs differ");
+        CHECK(lnorm_cpu_run_segment(cpu, &a.seg, NULL) == LNORM_OK, "run inside");
+        CHECK(lnorm_cpu_run_segment(cpu, &b.seg, NULL) == LNORM_OK, "run outside");
+        CHECK(lnorm_test_check_segment(&a.seg, NULL, "eps inside") == 0, "eps inside vs its reference");
+        CHECK(lnorm_test_check_segment(&b.seg, NULL, "eps outside") == 0, "eps outside vs its reference");
+        CHECK(memcmp(a.x, b.x, a.x_bytes) == 0, "inputs differ");
         long differ = 0;
         for (int64_t k = 0; k < c.rows * c.hidden; k++)
             differ += fabsf(((float *)a.y)[k] - ((float *)b.y)[k]) > 1e-3f * fabsf(((float *)a.y)[k]);
-        EXPECT(differ > c.rows * c.hidden / 2, "eps inside and outside give the same output (%ld differ)", differ);
+        CHECK(differ > c.rows * c.hidden / 2, "eps inside and outside give the same output (%ld differ)", differ);
         /* Swapped: inside's output must NOT pass outside's reference. */
         lnorm_segment swapped = a.seg;
         swapped.eps_mode = LNORM_EPS_OUTSIDE;
         lnorm_test_tol tol;
         lnorm_test_tol_default(&tol);
         tol.max_report = 0;
-        EXPECT(lnorm_test_check_segment(&swapped, &tol, "swapped") > 0, "inside's output passes outside's reference");
+        CHECK(lnorm_test_check_segment(&swapped, &tol, "swapped") > 0, "inside's output passes outside's reference");
         lnorm_test_case_free(&a);
         lnorm_test_case_free(&b);
     }
@@ -180,7 +170,7 @@ static void t_shared_params(lnorm_cpu *cpu, lnorm_rng *g)
                                  .gamma = 1, .beta = 1, .stats = 1};
         lnorm_test_case tc;
         if (lnorm_test_case_make(&tc, &c, g)) {
-            EXPECT(0, "oom");
+            CHECK_FAIL("oom");
             return;
         }
         /* Each row its own mean and scale. */
@@ -193,8 +183,8 @@ static void t_shared_params(lnorm_cpu *cpu, lnorm_rng *g)
             lnorm_test_set(tc.gamma, tc.seg.param_dtype, (size_t)k, 0.5 + (double)k / 16.0);
             lnorm_test_set(tc.beta, tc.seg.param_dtype, (size_t)k, -(double)k / 32.0);
         }
-        EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
-        EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "shared params") == 0, "shared gamma/beta (%s)",
+        CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+        CHECK(lnorm_test_check_segment(&tc.seg, NULL, "shared params") == 0, "shared gamma/beta (%s)",
                lnorm_dtype_name(dts[i]));
         lnorm_test_case_free(&tc);
     }
@@ -210,7 +200,7 @@ static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
                                      .gamma = 1, .beta = 1, .stats = 1};
             lnorm_test_case tc;
             if (lnorm_test_case_make(&tc, &c, g)) {
-                EXPECT(0, "oom");
+                CHECK_FAIL("oom");
                 return;
             }
             /* Finite poison (0x7B7B...: 1.3e36 f32, 60768 f16, 1.3e36 bf16)
@@ -220,8 +210,8 @@ static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
             lnorm_test_set(tc.x, dts[i], (size_t)(1 * H + 7), NAN);
             lnorm_test_set(tc.x, dts[i], (size_t)(3 * H + 0), INFINITY);
             lnorm_test_set(tc.x, dts[i], (size_t)(4 * H + H - 1), -INFINITY);
-            EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
-            EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "nan/inf") == 0, "NaN/Inf rows vs reference (%s, op %d)",
+            CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+            CHECK(lnorm_test_check_segment(&tc.seg, NULL, "nan/inf") == 0, "NaN/Inf rows vs reference (%s, op %d)",
                    lnorm_dtype_name(dts[i]), op);
             for (int64_t r = 0; r < c.rows; r++) {
                 long nans = 0;
@@ -229,11 +219,11 @@ static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
                     nans += isnan(lnorm_test_get(tc.y, dts[i], (size_t)(r * H + k)));
                 int bad_row = r == 1 || r == 3 || r == 4;
                 if (!bad_row)
-                    EXPECT(nans == 0, "row %lld has %ld NaN but no bad input", (long long)r, nans);
+                    CHECK(nans == 0, "row %lld has %ld NaN but no bad input", (long long)r, nans);
                 else if (op == LNORM_OP_LAYERNORM || r == 1)
-                    EXPECT(nans == H, "row %lld: %ld of %lld NaN", (long long)r, nans, (long long)H);
+                    CHECK(nans == H, "row %lld: %ld of %lld NaN", (long long)r, nans, (long long)H);
                 else /* RMSNorm with +-Inf: rstd = 0, finite elements give 0 (beta), the Inf one NaN */
-                    EXPECT(nans == 1 && tc.rstd[r] == 0.0f, "rms inf row %lld: %ld NaN, rstd %g", (long long)r,
+                    CHECK(nans == 1 && tc.rstd[r] == 0.0f, "rms inf row %lld: %ld NaN, rstd %g", (long long)r,
                            nans, tc.rstd[r]);
             }
             lnorm_test_case_free(&tc);
@@ -247,7 +237,7 @@ static void t_reject(lnorm_cpu *cpu, lnorm_rng *g)
                              .stats = 1, .residual = 1};
     lnorm_test_case tc;
     if (lnorm_test_case_make(&tc, &c, g)) {
-        EXPECT(0, "oom");
+        CHECK_FAIL("oom");
         return;
     }
     struct {
@@ -289,18 +279,18 @@ static void t_reject(lnorm_cpu *cpu, lnorm_rng *g)
         const char *why = NULL;
         lnorm_test_case_repoison(&tc);
         int e1 = lnorm_cpu_run_segment(cpu, &s, &why);
-        EXPECT(e1 == LNORM_EINVAL && why && *why, "%s: run_segment = %s", cases[i].what, lnorm_errname(e1));
+        CHECK(e1 == LNORM_EINVAL && why && *why, "%s: run_segment = %s", cases[i].what, lnorm_errname(e1));
         lnorm_segment two[2] = {tc.seg, s};
         lnorm_batch b = {two, 2};
         why = NULL;
         int e2 = lnorm_cpu_run(cpu, &b, &why);
-        EXPECT(e2 == LNORM_EINVAL && why && *why, "%s: run = %s", cases[i].what, lnorm_errname(e2));
+        CHECK(e2 == LNORM_EINVAL && why && *why, "%s: run = %s", cases[i].what, lnorm_errname(e2));
         /* Nothing ran: the valid first segment's outputs are still poisoned. */
         const unsigned char *y = tc.y;
         long written = 0;
         for (size_t k = 0; k < tc.y_bytes; k++)
             written += y[k] != 0xFF;
-        EXPECT(written == 0, "%s: %ld output bytes written by a rejected batch", cases[i].what, written);
+        CHECK(written == 0, "%s: %ld output bytes written by a rejected batch", cases[i].what, written);
     }
     lnorm_test_case_free(&tc);
 }
@@ -313,27 +303,27 @@ static void t_rms_no_mean(lnorm_cpu *cpu, lnorm_rng *g)
                              .stats = 1, .x_mean = 5.0, .x_spread = 1.0};
     lnorm_test_case tc;
     if (lnorm_test_case_make(&tc, &c, g)) {
-        EXPECT(0, "oom");
+        CHECK_FAIL("oom");
         return;
     }
-    EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
-    EXPECT(lnorm_test_check_segment(&tc.seg, NULL, "rms") == 0, "rmsnorm vs reference");
+    CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
+    CHECK(lnorm_test_check_segment(&tc.seg, NULL, "rms") == 0, "rmsnorm vs reference");
     /* y * ||x||_rms / x == 1 per element, and all y share x's sign (mean 5). */
     long bad = 0;
     for (int64_t k = 0; k < c.rows * c.hidden; k++) {
         float x = ((float *)tc.x)[k], y = ((float *)tc.y)[k];
         bad += (x > 0) != (y > 0);
     }
-    EXPECT(bad == 0, "rmsnorm output changed sign for %ld elements (mean subtracted?)", bad);
+    CHECK(bad == 0, "rmsnorm output changed sign for %ld elements (mean subtracted?)", bad);
     /* The LayerNorm of the same data must not pass the RMSNorm reference. */
     tc.seg.op = LNORM_OP_LAYERNORM;
     lnorm_test_case_repoison(&tc);
-    EXPECT(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run ln");
+    CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run ln");
     tc.seg.op = LNORM_OP_RMSNORM;
     lnorm_test_tol tol;
     lnorm_test_tol_default(&tol);
     tol.max_report = 0;
-    EXPECT(lnorm_test_check_segment(&tc.seg, &tol, "rms") > 0, "a mean-subtracting output passes RMSNorm's reference");
+    CHECK(lnorm_test_check_segment(&tc.seg, &tol, "rms") > 0, "a mean-subtracting output passes RMSNorm's reference");
     lnorm_test_case_free(&tc);
 }
 
@@ -356,7 +346,7 @@ static void t_batch_invariance(const char *isa, lnorm_rng *g)
                                  .rows = 64 + 37 * i, .hidden = i == 5 ? 4097 : 768 + 5 * i, .gamma = 1,
                                  .beta = i % 2, .residual = i % 3 == 1, .stats = 1, .pad = i};
         if (lnorm_test_case_make(&tcs[i], &c, g)) {
-            EXPECT(0, "oom");
+            CHECK_FAIL("oom");
             for (int k = 0; k < i; k++)
                 lnorm_test_case_free(&tcs[k]);
             lnorm_cpu_destroy(c1);
@@ -366,9 +356,9 @@ static void t_batch_invariance(const char *isa, lnorm_rng *g)
         segs[i] = tcs[i].seg;
     }
     lnorm_batch b = {segs, NSEG};
-    EXPECT(lnorm_cpu_run(c4, &b, NULL) == LNORM_OK, "batch run");
+    CHECK(lnorm_cpu_run(c4, &b, NULL) == LNORM_OK, "batch run");
     for (int i = 0; i < NSEG; i++)
-        EXPECT(lnorm_test_check_segment(&segs[i], NULL, "batch") == 0, "batch seg %d vs reference", i);
+        CHECK(lnorm_test_check_segment(&segs[i], NULL, "batch") == 0, "batch seg %d vs reference", i);
     /* Every row again, alone (single-row segment at a fresh address), on the
      * caller's thread and on the 1-thread backend: same bits. */
     long diff = 0;
@@ -393,7 +383,7 @@ static void t_batch_invariance(const char *isa, lnorm_rng *g)
             one.mean = s->mean ? &m : NULL;
             one.rstd = &rs;
             memset(y, 0xFF, H * ys + 64);
-            EXPECT(lnorm_cpu_run_segment(c1, &one, NULL) == LNORM_OK, "single run");
+            CHECK(lnorm_cpu_run_segment(c1, &one, NULL) == LNORM_OK, "single run");
             diff += memcmp(y + off, (const char *)s->y + (size_t)(row * s->y_stride) * ys, H * ys) != 0;
             diff += memcmp(&rs, &s->rstd[row], 4) != 0;
             if (s->mean)
@@ -407,7 +397,7 @@ static void t_batch_invariance(const char *isa, lnorm_rng *g)
         free(r);
         free(ro);
     }
-    EXPECT(diff == 0, "isa %s: %ld rows differ between a big multi-threaded batch and alone", isa, diff);
+    CHECK(diff == 0, "isa %s: %ld rows differ between a big multi-threaded batch and alone", isa, diff);
     /* The whole batch once more on 1 thread: bit-identical to the 4-thread run. */
     for (int i = 0; i < NSEG; i++) {
         void *copy = malloc(tcs[i].y_bytes);
@@ -416,8 +406,8 @@ static void t_batch_invariance(const char *isa, lnorm_rng *g)
         memcpy(copy, tcs[i].y, tcs[i].y_bytes);
         lnorm_test_case_repoison(&tcs[i]);
         lnorm_batch one = {&segs[i], 1};
-        EXPECT(lnorm_cpu_run(c1, &one, NULL) == LNORM_OK, "1-thread run");
-        EXPECT(memcmp(copy, tcs[i].y, tcs[i].y_bytes) == 0, "isa %s seg %d: 1 thread != 4 threads", isa, i);
+        CHECK(lnorm_cpu_run(c1, &one, NULL) == LNORM_OK, "1-thread run");
+        CHECK(memcmp(copy, tcs[i].y, tcs[i].y_bytes) == 0, "isa %s seg %d: 1 thread != 4 threads", isa, i);
         free(copy);
     }
     for (int i = 0; i < NSEG; i++)
@@ -439,18 +429,18 @@ static void t_many_segments(lnorm_cpu *cpu, lnorm_rng *g)
                                  .rows = 7 + i % 23, .hidden = 100 + 37 * i, .pad = i % 4, .gamma = i % 5 != 0,
                                  .beta = i % 3 == 0, .residual = i % 4 == 1, .stats = i % 2 == 0};
         if (lnorm_test_case_make(&tcs[i], &c, g)) {
-            EXPECT(0, "oom");
+            CHECK_FAIL("oom");
             break;
         }
         segs[i] = tcs[i].seg;
     }
     if (made == NSEG) {
         lnorm_batch b = {segs, NSEG};
-        EXPECT(lnorm_cpu_run(cpu, &b, NULL) == LNORM_OK, "run");
+        CHECK(lnorm_cpu_run(cpu, &b, NULL) == LNORM_OK, "run");
         long bad = 0;
         for (int i = 0; i < NSEG; i++)
             bad += lnorm_test_check_segment(&segs[i], NULL, "many segments") != 0;
-        EXPECT(bad == 0, "%ld of %d segments wrong", bad, NSEG);
+        CHECK(bad == 0, "%ld of %d segments wrong", bad, NSEG);
     }
     for (int i = 0; i < made; i++)
         lnorm_test_case_free(&tcs[i]);
@@ -469,14 +459,14 @@ static void t_in_place(lnorm_cpu *cpu, lnorm_rng *g)
                                      .residual = res};
             lnorm_test_case tc;
             if (lnorm_test_case_make(&tc, &c, g)) {
-                EXPECT(0, "oom");
+                CHECK_FAIL("oom");
                 return;
             }
             size_t n = (size_t)(c.rows * c.hidden);
             double *yref = malloc(n * sizeof *yref), *ro = malloc(n * sizeof *ro);
             double *mr = malloc((size_t)c.rows * sizeof *mr), *rr = malloc((size_t)c.rows * sizeof *rr);
             if (!yref || !ro || !mr || !rr || lnorm_ref_segment(&tc.seg, yref, mr, rr, ro) != LNORM_OK) {
-                EXPECT(0, "reference");
+                CHECK_FAIL("reference");
             } else {
                 /* Aliased description; the check reads outputs through it,
                  * and the original x (for the row scale) from a copy. */
@@ -488,10 +478,10 @@ static void t_in_place(lnorm_cpu *cpu, lnorm_rng *g)
                 if (xcopy) {
                     memcpy(xcopy, tc.x, tc.x_bytes);
                     lnorm_batch b = {&s, 1};
-                    EXPECT(lnorm_cpu_run(cpu, &b, NULL) == LNORM_OK, "run");
+                    CHECK(lnorm_cpu_run(cpu, &b, NULL) == LNORM_OK, "run");
                     lnorm_segment chk = s;
                     chk.x = xcopy;
-                    EXPECT(lnorm_test_check(&chk, yref, mr, rr, ro, NULL, "in place") == 0,
+                    CHECK(lnorm_test_check(&chk, yref, mr, rr, ro, NULL, "in place") == 0,
                            "in-place %s residual=%d", lnorm_dtype_name(dts[i]), res);
                 }
                 free(xcopy);
@@ -547,17 +537,17 @@ static void t_concurrent(lnorm_cpu *cpu, lnorm_rng *g)
                                      .x_dtype = 1 + (t + i) % 3, .rows = 40 + 13 * i + t, .hidden = 1024 + 64 * t + i,
                                      .gamma = 1, .beta = 1, .stats = 1, .residual = i == 1};
             if (lnorm_test_case_make(&args[t].tc[i], &c, g)) {
-                EXPECT(0, "oom");
+                CHECK_FAIL("oom");
                 return;
             }
         }
         made++;
     }
     for (int t = 0; t < NT; t++)
-        EXPECT(pthread_create(&th[t], NULL, conc_main, &args[t]) == 0, "pthread_create");
+        CHECK(pthread_create(&th[t], NULL, conc_main, &args[t]) == 0, "pthread_create");
     for (int t = 0; t < NT; t++) {
         pthread_join(th[t], NULL);
-        EXPECT(args[t].bad == 0, "isa %s thread %d: %ld bad runs", lnorm_cpu_isa(cpu), t, args[t].bad);
+        CHECK(args[t].bad == 0, "isa %s thread %d: %ld bad runs", lnorm_cpu_isa(cpu), t, args[t].bad);
         for (int i = 0; i < 3; i++)
             lnorm_test_case_free(&args[t].tc[i]);
     }
@@ -610,6 +600,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "unknown test %s\n", argv[1]);
         return 2;
     }
-    printf("%s %s (%d isa runs, %d failures)\n", g_fails || !ran ? "FAIL" : "PASS", argv[1], ran, g_fails);
-    return g_fails || !ran;
+    CHECK(ran > 0, "%s: no ISA ran", argv[1]);
+    char name[64];
+    snprintf(name, sizeof name, "kernels.%s", argv[1]);
+    return check_finish(name);
 }

@@ -9,19 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "codec.h"
 #include "testutil.h"
-
-static int failures;
-#define CHECK(c, ...)                                                            \
-    do {                                                                         \
-        if (!(c)) {                                                              \
-            failures++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);         \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fputc('\n', stderr);                                                 \
-        }                                                                        \
-    } while (0)
 
 static const lnorm__limits lim = {1 << 20, 1024, 8192};
 
@@ -356,6 +346,5 @@ int main(void)
         lnorm__v1__response__free_unpacked(resp, NULL);
     nng_msg_free(msg);
 
-    fprintf(stderr, failures ? "codec: %d failure(s)\n" : "codec: passed\n", failures);
-    return failures ? 1 : 0;
+    return check_finish("server.codec");
 }

@@ -9,19 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "params.h"
 #include "stats.h"
-
-static int failures;
-#define CHECK(c, ...)                                                            \
-    do {                                                                         \
-        if (!(c)) {                                                              \
-            failures++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);         \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fputc('\n', stderr);                                                 \
-        }                                                                        \
-    } while (0)
 
 enum { N = 5000 }; /* 256 chains to start: the table doubles 4 times */
 
@@ -127,6 +117,5 @@ int main(void)
           "room again after a drop");
     lnorm__params_destroy(p);
 
-    fprintf(stderr, failures ? "params: %d failure(s)\n" : "params: passed\n", failures);
-    return failures ? 1 : 0;
+    return check_finish("server.params_registry");
 }

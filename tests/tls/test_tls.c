@@ -22,7 +22,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "harness.h"
+#include "check.h"
+#include "testdaemon.h"
 #include "lnorm/lnorm.h"
 
 #define ROWS 4
@@ -83,7 +84,7 @@ static int try_client(const char *url, const char *ca, const char *cert_key, con
     return rv;
 }
 
-static int start(fh_daemon *d, const char *lnormd, const char *dir, int verify)
+static int start(td_daemon *d, const char *lnormd, const char *dir, int verify)
 {
     const char *plain[] = {"--listen", "tls+tcp://127.0.0.1:0", "--http", "off", "--backend", "cpu",
                            "--cpu-threads", "1", "--tls-cert", pki("server.crt"), "--tls-key",
@@ -91,7 +92,7 @@ static int start(fh_daemon *d, const char *lnormd, const char *dir, int verify)
     const char *mtls[] = {"--listen", "tls+tcp://127.0.0.1:0", "--http", "off", "--backend", "cpu",
                           "--cpu-threads", "1", "--tls-cert", pki("server.crt"), "--tls-key",
                           pki("server.key"), "--tls-ca", pki("ca.crt"), "--tls-verify-peer", NULL};
-    return fh_daemon_start(d, lnormd, dir, verify ? mtls : plain, 15000);
+    return td_start(d, lnormd, dir, verify ? mtls : plain, 0);
 }
 
 int main(int argc, char **argv)
@@ -101,7 +102,7 @@ int main(int argc, char **argv)
         return 2;
     }
     char dir[256], cmd[1200];
-    if (fh_mkdtemp(dir, sizeof dir, "tls") != 0)
+    if (td_tmpdir(dir, sizeof dir, "tls") != 0)
         return 1;
     snprintf(g_pki, sizeof g_pki, "%s/pki", dir);
     snprintf(cmd, sizeof cmd, "bash '%s' '%s' >/dev/null", argv[2], g_pki);
@@ -109,49 +110,41 @@ int main(int argc, char **argv)
         fprintf(stderr, "tls: %s failed\n", cmd);
         return 1;
     }
-    fh_daemon d;
+    td_daemon d;
     if (start(&d, argv[1], dir, 0) != 0)
         return 1;
-    const char *url = fh_daemon_url(&d, "tls+tcp://");
-    FH_CHECK(url != NULL, "no tls+tcp listen line");
+    const char *url = td_url(&d, "tls+tcp://");
+    CHECK(url != NULL, "no tls+tcp listen line");
     if (url) {
         char plain[512];
         snprintf(plain, sizeof plain, "tcp://%s", url + strlen("tls+tcp://"));
-        FH_CHECK(try_client(url, pki("ca.crt"), NULL, "server auth, client trusts the CA") == LNORM_OK,
+        CHECK(try_client(url, pki("ca.crt"), NULL, "server auth, client trusts the CA") == LNORM_OK,
                  "a client trusting the CA got no correct result");
-        FH_CHECK(try_client(url, pki("rogue-ca.crt"), NULL, "client trusts only the rogue CA") != LNORM_OK,
+        CHECK(try_client(url, pki("rogue-ca.crt"), NULL, "client trusts only the rogue CA") != LNORM_OK,
                  "a client that does not trust the server's CA got a result");
-        FH_CHECK(try_client(plain, NULL, NULL, "plain tcp:// to the TLS port") != LNORM_OK,
+        CHECK(try_client(plain, NULL, NULL, "plain tcp:// to the TLS port") != LNORM_OK,
                  "plain TCP on the TLS port got a result");
-        FH_CHECK(try_client(url, pki("ca.crt"), NULL, "server auth, again") == LNORM_OK,
+        CHECK(try_client(url, pki("ca.crt"), NULL, "server auth, again") == LNORM_OK,
                  "the good client failed after the bad ones");
     }
-    int st = fh_daemon_stop(&d, SIGTERM, 15000);
-    fh_check_exit0(&d, st, "(server auth) on SIGTERM");
-    if (fh_failures)
-        fh_daemon_dump_log(&d);
+    td_stop_check(&d, "(server auth) on SIGTERM");
 
-    fh_daemon m;
+    td_daemon m;
     if (start(&m, argv[1], dir, 1) != 0)
         return 1;
-    url = fh_daemon_url(&m, "tls+tcp://");
-    FH_CHECK(url != NULL, "no tls+tcp listen line");
+    url = td_url(&m, "tls+tcp://");
+    CHECK(url != NULL, "no tls+tcp listen line");
     if (url) {
-        FH_CHECK(try_client(url, pki("ca.crt"), pki("client.pem"), "mTLS, CA-signed client cert") ==
+        CHECK(try_client(url, pki("ca.crt"), pki("client.pem"), "mTLS, CA-signed client cert") ==
                      LNORM_OK,
                  "a client with a valid certificate got no correct result");
-        FH_CHECK(try_client(url, pki("ca.crt"), NULL, "mTLS, no client cert") != LNORM_OK,
+        CHECK(try_client(url, pki("ca.crt"), NULL, "mTLS, no client cert") != LNORM_OK,
                  "a client without a certificate was served");
-        FH_CHECK(try_client(url, pki("ca.crt"), pki("rogue.pem"), "mTLS, rogue client cert") != LNORM_OK,
+        CHECK(try_client(url, pki("ca.crt"), pki("rogue.pem"), "mTLS, rogue client cert") != LNORM_OK,
                  "a client with a certificate from another CA was served");
-        FH_CHECK(try_client(url, pki("ca.crt"), pki("client.pem"), "mTLS, valid cert again") == LNORM_OK,
+        CHECK(try_client(url, pki("ca.crt"), pki("client.pem"), "mTLS, valid cert again") == LNORM_OK,
                  "the good client failed after the refused ones");
     }
-    st = fh_daemon_stop(&m, SIGTERM, 15000);
-    fh_check_exit0(&m, st, "(mTLS) on SIGTERM");
-    if (fh_failures)
-        fh_daemon_dump_log(&m);
-    fh_rmdir(g_pki);
-    fh_rmdir(dir);
-    return fh_finish("tls.server_and_client_certs");
+    td_stop_check(&m, "(mTLS) on SIGTERM");
+    return check_finish("tls.server_and_client_certs");
 }

@@ -10,19 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "lnorm_wire.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
 
 /* n bytes copied into a heap block of exactly n bytes (1 if n is 0). */
 static uint8_t *exact(const uint8_t *src, size_t n)
@@ -296,10 +286,5 @@ int main(void)
     test_varints();
     test_fields();
     test_walk();
-    if (failures) {
-        fprintf(stderr, "proto.wire: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("proto.wire: OK\n");
-    return 0;
+    return check_finish("proto.wire");
 }

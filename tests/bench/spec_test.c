@@ -1,4 +1,5 @@
 /* bench.spec: the workload mix and list parsers. */
+#include "check.h"
 #include "spec.h"
 
 #include <stdio.h>
@@ -6,23 +7,14 @@
 
 #include "lnorm/types.h"
 
-static int failures;
-#define CHECK(cond, msg)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, msg);    \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
-
 int main(void)
 {
-    lnorm__shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 1024, 1};
+    lnorm__mix_shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 1024, 1};
     lnorm__mix m;
     char err[256];
 
     CHECK(lnorm__mix_parse("1x1024:f32:ln:70,8x4096:bf16:rms:30", &def, &m, err, sizeof err) == 0,
-          err);
+          "%s", err);
     CHECK(m.n == 2 && m.total_weight == 100, "two entries, weight 100");
     CHECK(m.shapes[0].rows == 1 && m.shapes[0].hidden == 1024 && m.shapes[0].weight == 70 &&
               m.shapes[0].op == LNORM_OP_LAYERNORM && m.shapes[0].x_dtype == LNORM_DTYPE_F32,
@@ -35,11 +27,11 @@ int main(void)
           "pick by weight");
 
     /* defaults and any token order */
-    CHECK(lnorm__mix_parse("4x512", &def, &m, err, sizeof err) == 0, err);
+    CHECK(lnorm__mix_parse("4x512", &def, &m, err, sizeof err) == 0, "%s", err);
     CHECK(m.n == 1 && m.shapes[0].weight == 1 && m.shapes[0].x_dtype == LNORM_DTYPE_F32 &&
               m.shapes[0].op == LNORM_OP_LAYERNORM,
           "defaults");
-    CHECK(lnorm__mix_parse("2x64:5:rms:out=f32:f16", &def, &m, err, sizeof err) == 0, err);
+    CHECK(lnorm__mix_parse("2x64:5:rms:out=f32:f16", &def, &m, err, sizeof err) == 0, "%s", err);
     CHECK(m.shapes[0].weight == 5 && m.shapes[0].op == LNORM_OP_RMSNORM &&
               m.shapes[0].x_dtype == LNORM_DTYPE_F16 && m.shapes[0].y_dtype == LNORM_DTYPE_F32,
           "token order");
@@ -50,7 +42,7 @@ int main(void)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err[0] = '\0';
         int rc = lnorm__mix_parse(bad[i], &def, &m, err, sizeof err);
-        CHECK(rc == -1 && err[0], bad[i]);
+        CHECK(rc == -1 && err[0], "%s", bad[i]);
     }
     char many[512] = "";
     for (int i = 0; i < LNORM__MIX_MAX + 1; i++)
@@ -73,10 +65,5 @@ int main(void)
 
     CHECK(lnorm__dtype_parse("bf16") == LNORM_DTYPE_BF16 && lnorm__dtype_parse("x") == -1, "dtype");
     CHECK(lnorm__op_parse("rms") == LNORM_OP_RMSNORM && lnorm__op_parse("x") == -1, "op");
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("bench.spec: ok\n");
-    return 0;
+    return check_finish("bench.spec");
 }

@@ -6,20 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "half.h"
 #include "lnorm_core.h"
 #include "work.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
 
 /* Change element i of a dtype buffer by a clearly visible amount. */
 static void bump(void *p, int dt, size_t i)
@@ -41,12 +31,12 @@ static void bump(void *p, int dt, size_t i)
 
 static void one(const char *mix, int params, int stats, int residual)
 {
-    lnorm__shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 64, 1};
+    lnorm__mix_shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 64, 1};
     lnorm__wl wl;
     memset(&wl, 0, sizeof wl);
     char err[256];
     if (lnorm__mix_parse(mix, &def, &wl.mix, err, sizeof err)) {
-        CHECK(0, "mix %s: %s", mix, err);
+        CHECK_FAIL("mix %s: %s", mix, err);
         return;
     }
     wl.params = params;
@@ -57,7 +47,7 @@ static void one(const char *mix, int params, int stats, int residual)
     wl.seed = 7;
     lnorm__work *w;
     if (lnorm__work_build(&wl, "t", &w)) {
-        CHECK(0, "build");
+        CHECK_FAIL("build");
         return;
     }
     for (size_t i = 0; i < w->nt; i++) {
@@ -135,10 +125,5 @@ int main(void)
             for (int st = 0; st <= 1; st++)
                 for (int res = 0; res <= 1; res++)
                     one(mixes[i], p, st, res);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("bench.verify: ok\n");
-    return 0;
+    return check_finish("bench.verify");
 }

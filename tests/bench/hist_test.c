@@ -1,22 +1,12 @@
 /* bench.histogram: the log-linear histogram's accuracy against exact
  * quantiles of sorted samples, bucket bounds and merging. */
+#include "check.h"
 #include "hist.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng(void)
@@ -76,7 +66,7 @@ static void check_accuracy(const char *name, uint64_t (*gen)(void), size_t n)
     uint64_t *s = malloc(n * sizeof(*s));
     lnorm__hist *h = lnorm__hist_new();
     if (!s || !h) {
-        failures++;
+        CHECK_FAIL("%s: out of memory", name);
         free(s);
         lnorm__hist_free(h);
         return;
@@ -164,10 +154,5 @@ int main(void)
     }
     lnorm__hist_free(a);
     lnorm__hist_free(b);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("bench.histogram: ok\n");
-    return 0;
+    return check_finish("bench.histogram");
 }
