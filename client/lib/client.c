@@ -125,8 +125,11 @@ int lnorm__pack(const Lnorm__V1__Request *req, nng_msg **out)
 
 /* ---- open / close --------------------------------------------------------- */
 
-static int dial_one(lnorm_client *c, const char *url, const lnorm_client_opts *o)
+/* Create and start the dialer of c's URL i (TLS options from c->opts). */
+static int dial_one(lnorm_client *c, size_t i)
 {
+    const lnorm_client_opts *o = &c->opts;
+    const char *url = c->dials[i].url;
     nng_dialer d;
     int rv = nng_dialer_create(&d, c->sock, url);
     if (rv != 0)
@@ -146,10 +149,57 @@ static int dial_one(lnorm_client *c, const char *url, const lnorm_client_opts *o
     /* Non-blocking: a server that is down is dialed again in the background. */
     if ((rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK)) != 0)
         goto fail;
+    c->dials[i].d = d;
     return LNORM_OK;
 fail:
     nng_dialer_close(d);
     return lnorm__from_nng(rv);
+}
+
+/* Count the client's connections: a pipe is counted from ADD_PRE (which
+ * always comes before REM_POST) to REM_POST. */
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    lnorm_client *c = arg;
+    (void)p;
+    nng_mtx_lock(c->mtx);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        c->npipes++;
+    } else if (ev == NNG_PIPE_EV_REM_POST && --c->npipes == 0) {
+        c->idle_since = nng_clock();
+    }
+    nng_mtx_unlock(c->mtx);
+}
+
+/*
+ * A request is waiting for a connection: if the client has had none for
+ * redial_ms, replace every dialer with a new one. libnng 1.5.2's dialer
+ * stops for good when a connect fails with NNG_ECLOSED, which is what
+ * writing the SP header gives when the server was killed between accepting
+ * and reading it (the kernel releases a killed process's connections
+ * before its listening socket, so an immediate redial can land there):
+ * the socket would then never connect again. A replaced dialer that was
+ * only waiting for the server costs one early connect attempt. Called from
+ * a call's callback (the client cannot be freed meanwhile).
+ */
+static void lnorm__redial_if_stuck(lnorm_client *c)
+{
+    nng_mtx_lock(c->mtx);
+    int go = !c->closing && !c->redialing && c->npipes == 0 &&
+             nng_clock() - c->idle_since >= (nng_time)c->redial_ms;
+    if (go)
+        c->redialing = 1;
+    nng_mtx_unlock(c->mtx);
+    if (!go)
+        return;
+    for (size_t i = 0; i < c->ndials; i++) {
+        nng_dialer_close(c->dials[i].d); /* (non-blocking: NNG reaps it later) */
+        dial_one(c, i);                  /* (fails only when closing or out of memory) */
+    }
+    nng_mtx_lock(c->mtx);
+    c->redialing = 0;
+    c->idle_since = nng_clock();
+    nng_mtx_unlock(c->mtx);
 }
 
 static nng_duration ms_to_dur(int ms)
@@ -169,6 +219,69 @@ static void lnorm__nng_first_use(void)
     nng_socket s;
     if (nng_req0_open(&s) == 0)
         nng_close(s);
+}
+
+static char *dup_opt(const char *s, int *oom)
+{
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *oom = 1;
+    return d;
+}
+
+/* Free what lnorm_client_open allocated (the socket is closed already). */
+static void client_free(lnorm_client *c)
+{
+    for (size_t i = 0; i < c->ndials; i++)
+        free(c->dials[i].url);
+    free(c->dials);
+    free((char *)c->opts.tls_ca_file);
+    free((char *)c->opts.tls_cert_key_file);
+    free((char *)c->opts.tls_server_name);
+    if (c->cv)
+        nng_cv_free(c->cv);
+    if (c->mtx)
+        nng_mtx_free(c->mtx);
+    free(c);
+}
+
+/* The client's own copies of the URLs and TLS strings (they are used
+ * again when the dialers are replaced). */
+static int client_copy_strings(lnorm_client *c, const char *const *urls, size_t nurls)
+{
+    int oom = 0;
+    c->opts.tls_ca_file = dup_opt(c->opts.tls_ca_file, &oom);
+    c->opts.tls_cert_key_file = dup_opt(c->opts.tls_cert_key_file, &oom);
+    c->opts.tls_server_name = dup_opt(c->opts.tls_server_name, &oom);
+    c->dials = calloc(nurls, sizeof *c->dials);
+    if (!c->dials)
+        return LNORM_ENOMEM;
+    for (; c->ndials < nurls; c->ndials++)
+        if (!(c->dials[c->ndials].url = dup_opt(urls[c->ndials], &oom)))
+            break;
+    return oom ? LNORM_ENOMEM : LNORM_OK;
+}
+
+/* Open and set up c's socket: NNG's own REQ resend stays off (liblnorm
+ * resends, see try_resend); the pipe events count connections. */
+static int client_socket(lnorm_client *c)
+{
+    const lnorm_client_opts *o = &c->opts;
+    int rv;
+    if ((rv = nng_req0_open(&c->sock)) != 0)
+        return lnorm__from_nng(rv);
+    if ((rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, o->max_recv_bytes)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, o->reconnect_min_ms)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, o->reconnect_max_ms)) != 0 ||
+        (rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, c)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, pipe_cb, c)) != 0) {
+        nng_close(c->sock);
+        return lnorm__from_nng(rv);
+    }
+    return LNORM_OK;
 }
 
 int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
@@ -198,39 +311,31 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
     if (!c)
         return LNORM_ENOMEM;
     c->opts = o;
-    /* The TLS strings are only used while dialing: do not keep them. */
-    c->opts.tls_ca_file = c->opts.tls_cert_key_file = c->opts.tls_server_name = NULL;
-    int rv;
-    if ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0) {
+    /* A live dialer tries at least every max(reconnect_min, reconnect_max):
+     * twice that without a connection, and at least LNORM__REDIAL_MIN_MS. */
+    int every = o.reconnect_max_ms > o.reconnect_min_ms ? o.reconnect_max_ms : o.reconnect_min_ms;
+    c->redial_ms = every >= INT32_MAX / 2 ? INT32_MAX
+                   : every > LNORM__REDIAL_MIN_MS / 2 ? 2 * every
+                                                      : LNORM__REDIAL_MIN_MS;
+    c->idle_since = nng_clock();
+    int rv = client_copy_strings(c, urls, nurls);
+    if (rv == LNORM_OK && ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0))
         rv = lnorm__from_nng(rv);
-        goto fail_sync;
+    if (rv == LNORM_OK)
+        rv = client_socket(c);
+    if (rv != LNORM_OK) {
+        client_free(c);
+        return rv;
     }
-    if ((rv = nng_req0_open(&c->sock)) != 0) {
-        rv = lnorm__from_nng(rv);
-        goto fail_sync;
+    for (size_t i = 0; i < nurls; i++) {
+        if ((rv = dial_one(c, i)) != LNORM_OK) {
+            nng_close(c->sock);
+            client_free(c);
+            return rv;
+        }
     }
-    /* NNG's own REQ resend stays off: liblnorm resends (try_resend). */
-    if ((rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, o.max_recv_bytes)) != 0 ||
-        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, o.reconnect_min_ms)) != 0 ||
-        (rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, o.reconnect_max_ms)) != 0 ||
-        (rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0) {
-        rv = lnorm__from_nng(rv);
-        goto fail_sock;
-    }
-    for (size_t i = 0; i < nurls; i++)
-        if ((rv = dial_one(c, urls[i], &o)) != LNORM_OK)
-            goto fail_sock;
     *out = c;
     return LNORM_OK;
-fail_sock:
-    nng_close(c->sock);
-fail_sync:
-    if (c->cv)
-        nng_cv_free(c->cv);
-    if (c->mtx)
-        nng_mtx_free(c->mtx);
-    free(c);
-    return rv;
 }
 
 void lnorm_client_close(lnorm_client *c)
@@ -254,9 +359,7 @@ void lnorm_client_close(lnorm_client *c)
     for (int i = 0; i < c->npool; i++)
         nng_msg_free(c->msg_pool[i]);
     free(c->all_slots);
-    nng_cv_free(c->cv);
-    nng_mtx_free(c->mtx);
-    free(c);
+    client_free(c);
 }
 
 /* ---- the call engine ------------------------------------------------------ */
@@ -389,6 +492,34 @@ static void advance_unlock(lnorm__call *call)
         start_chunk(call, first + k);
 }
 
+/* How long the pending send may wait for a connection this time: until
+ * its send_by, in steps of at most redial_ms (slot_cb then checks the
+ * dialers and sends again). */
+static nng_duration send_wait(const lnorm__slot *s)
+{
+    nng_duration to = s->c->redial_ms;
+    if (s->has_send_by) {
+        nng_time now = nng_clock();
+        nng_time left = s->send_by > now ? s->send_by - now : 0;
+        if (left < (nng_time)to)
+            to = (nng_duration)left;
+    }
+    return to;
+}
+
+/* Send message m of the slot's chunk, waiting at most send_to (< 0:
+ * without end) for a connection. */
+static void slot_send(lnorm__slot *s, nng_msg *m, nng_duration send_to)
+{
+    s->has_send_by = send_to >= 0;
+    if (s->has_send_by)
+        s->send_by = nng_clock() + (nng_time)send_to;
+    s->sending = 1;
+    nng_aio_set_msg(s->aio, m);
+    nng_aio_set_timeout(s->aio, send_wait(s));
+    nng_ctx_send(s->ctx, s->aio);
+}
+
 static void start_chunk(lnorm__call *call, uint64_t i)
 {
     lnorm_client *c = call->c;
@@ -421,10 +552,7 @@ static void start_chunk(lnorm__call *call, uint64_t i)
     s->timer_resends = 0;
     s->sent = 0;
     s->has_deadline = 0;
-    s->sending = 1;
-    nng_aio_set_msg(s->aio, m);
-    nng_aio_set_timeout(s->aio, ms_to_dur(c->opts.send_timeout_ms));
-    nng_ctx_send(s->ctx, s->aio);
+    slot_send(s, m, ms_to_dur(c->opts.send_timeout_ms));
 }
 
 static void handle_reply(lnorm__call *call, uint64_t i, uint64_t id, nng_msg *m, int *err, int *status,
@@ -553,9 +681,24 @@ static int try_resend(lnorm__slot *s, int rv)
     nng_msg *m = NULL;
     if (call->ops->make(call, s->chunk, s->id, &m) != LNORM_OK)
         return 0;
-    s->sending = 1;
-    nng_aio_set_msg(s->aio, m);
-    nng_aio_set_timeout(s->aio, send_to);
+    slot_send(s, m, send_to);
+    return 1;
+}
+
+/* The send of the slot timed out with time left before its send_by: no
+ * connection came up for a while. Replace stuck dialers and send the same
+ * message (NNG hands it back on a timeout) again. Returns 1 when sent. */
+static int send_again(lnorm__slot *s)
+{
+    lnorm_client *c = s->c;
+    nng_mtx_lock(c->mtx);
+    int stop = c->closing || s->call->failed;
+    nng_mtx_unlock(c->mtx);
+    nng_msg *m = nng_aio_get_msg(s->aio);
+    if (stop || !m || (s->has_send_by && nng_clock() >= s->send_by))
+        return 0;
+    lnorm__redial_if_stuck(c);
+    nng_aio_set_timeout(s->aio, send_wait(s));
     nng_ctx_send(s->ctx, s->aio);
     return 1;
 }
@@ -610,6 +753,8 @@ static void slot_cb(void *arg)
         return;
     }
     if (rv != 0) {
+        if (s->sending && rv == NNG_ETIMEDOUT && send_again(s))
+            return;
         if (s->sending) {
             nng_msg_free(nng_aio_get_msg(s->aio));
             nng_aio_set_msg(s->aio, NULL);

@@ -90,14 +90,32 @@ struct lnorm__slot {
     uint64_t id;             /* request id of the chunk (kept for resends) */
     int resends;             /* resends after a dropped connection */
     int timer_resends;       /* resends after resend_ms without a reply */
+    int has_send_by;         /* 0: the wait for a connection is unbounded */
+    nng_time send_by;        /* end of the current send's wait for a connection */
     int sent;                /* the chunk's first send has completed */
     int has_deadline;        /* 0: the reply timeout is infinite */
     nng_time deadline;       /* first send + reply timeout */
 };
 
+/* One URL of a client and the NNG dialer that keeps it connected. */
+typedef struct lnorm__dial {
+    char *url;
+    nng_dialer d;
+} lnorm__dial;
+
+/* A send that finds no connection for this long (at least) has the
+ * client's dialers replaced (see lnorm__redial_if_stuck). */
+#define LNORM__REDIAL_MIN_MS 1000
+
 struct lnorm_client {
     nng_socket sock;
-    lnorm_client_opts opts;
+    lnorm_client_opts opts;  /* the TLS strings are the client's own copies */
+    lnorm__dial *dials;
+    size_t ndials;
+    int npipes;              /* connections up (NNG pipe events) */
+    nng_time idle_since;     /* when npipes last fell to 0, or the last redial */
+    int redialing;           /* a thread is replacing the dialers */
+    nng_duration redial_ms;  /* no connection for this long: redial */
     nng_mtx *mtx;
     nng_cv *cv;
     int closing;

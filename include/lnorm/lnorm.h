@@ -78,8 +78,11 @@ typedef struct lnorm_client_opts {
      * only while the request's reply timeout, counted from its first
      * send, has not expired (each wait for a connection is also bounded by
      * send_timeout_ms). The library does every resend itself (NNG's REQ
-     * resend is off). Normalize, health and info are idempotent; for
-     * register_params and drop_params see there. */
+     * resend is off), and a request that finds no connection for
+     * 2 x max(reconnect_min_ms, reconnect_max_ms), at least 1 s, has the
+     * client's dialers replaced (libnng 1.5.2's dialer can stop for good
+     * after a server is killed). Normalize, health and info are idempotent;
+     * for register_params and drop_params see there. */
     size_t chunk_bytes;      /* bytes of x per chunk (0: LNORM_DEFAULT_CHUNK_BYTES) */
     int pipeline_depth;      /* chunks of one call in flight at once (0: default) */
     size_t max_recv_bytes;   /* largest reply accepted (0: 1 GiB) */
