@@ -159,6 +159,28 @@ typedef struct args {
     uint64_t rows, hidden, chunk;
 } args;
 
+/* --op: ln / layernorm or rms / rmsnorm; -1 for anything else. */
+static int parse_op(const char *s)
+{
+    if (strcmp(s, "ln") == 0 || strcmp(s, "layernorm") == 0)
+        return LNORM_OP_LAYERNORM;
+    if (strcmp(s, "rms") == 0 || strcmp(s, "rmsnorm") == 0)
+        return LNORM_OP_RMSNORM;
+    return -1;
+}
+
+/* --eps: > 0 also as the float the server gets (1e-50 is 0 there). */
+static int parse_eps(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    double e = strtod(s, &end);
+    if (errno || *end || !(e > 0) || !isfinite((float)e) || !((float)e > 0))
+        return -1;
+    *out = (float)e;
+    return 0;
+}
+
 /* Parse argv for command cmd, allowing only the options in `allowed`. */
 static int parse_args(int argc, char **argv, args *a, const int *allowed, const char *usage)
 {
@@ -198,24 +220,14 @@ static int parse_args(int argc, char **argv, args *a, const int *allowed, const 
         case O_IN: a->in = optarg; break;
         case O_OUT: a->out = optarg; break;
         case O_OP:
-            if (strcmp(optarg, "ln") == 0 || strcmp(optarg, "layernorm") == 0)
-                a->op = LNORM_OP_LAYERNORM;
-            else if (strcmp(optarg, "rms") == 0 || strcmp(optarg, "rmsnorm") == 0)
-                a->op = LNORM_OP_RMSNORM;
-            else
+            if ((a->op = parse_op(optarg)) < 0)
                 return die_usage("--op must be ln or rms", usage);
             break;
-        case O_EPS: {
-            char *end;
-            errno = 0;
-            double e = strtod(optarg, &end);
-            /* > 0 also as the float the server gets (1e-50 is 0 there) */
-            if (errno || *end || !(e > 0) || !isfinite((float)e) || !((float)e > 0))
+        case O_EPS:
+            if (parse_eps(optarg, &a->eps))
                 return die_usage("--eps must be a finite number > 0 (as a float)", usage);
-            a->eps = (float)e;
             a->eps_set = 1;
             break;
-        }
         case O_EPS_OUT: a->eps_outside = 1; break;
         case O_GAMMA: a->gamma = optarg; break;
         case O_BETA: a->beta = optarg; break;
@@ -277,202 +289,262 @@ static int load_param(const char *path, uint64_t hidden, int want, lnorm__npy *a
     return 0;
 }
 
+/* The checks of normalize's options that need no file: 0, or 2 after the
+ * usage. */
+static int normalize_args_check(const args *a)
+{
+    if (!a->in || !a->out)
+        return die_usage("--in and --out are required", usage_normalize);
+    if (a->params_id && (a->gamma || a->beta))
+        return die_usage("--params-id excludes --gamma/--beta", usage_normalize);
+    if (a->params_id && !id_ok(a->params_id))
+        return die_usage("--params-id must be 1..128 characters of [A-Za-z0-9_.:-]", usage_normalize);
+    /* Two outputs into one file would keep only the last written. */
+    if (a->resout && !strcmp(a->resout, a->out))
+        return die_usage("--out and --residual-out name the same file", usage_normalize);
+    if (a->stats) {
+        char sp[2][4096];
+        snprintf(sp[0], sizeof sp[0], "%s.mean.npy", a->stats);
+        snprintf(sp[1], sizeof sp[1], "%s.rstd.npy", a->stats);
+        for (int k = 0; k < 2; k++)
+            if (!strcmp(sp[k], a->out) || (a->resout && !strcmp(sp[k], a->resout)))
+                return die_usage("--stats-out's files and --out / --residual-out name the same file",
+                                 usage_normalize);
+    }
+    if (!a->res != !a->resout)
+        return die_usage("--residual and --residual-out go together", usage_normalize);
+    if (a->raw_bf16 != (a->rows && a->hidden) || (!a->raw_bf16 && (a->rows || a->hidden)))
+        return die_usage("--raw-bf16 needs --rows and --hidden (and only it takes them)",
+                         usage_normalize);
+    /* the library's own bound; rows * hidden * 2 must not wrap */
+    if (a->raw_bf16 && a->hidden > ((uint64_t)1 << 60) / a->rows)
+        return die_usage("--rows x --hidden is too large", usage_normalize);
+    return 0;
+}
+
+/* One normalize: its inputs as read, its outputs as received. */
+typedef struct norm_job {
+    lnorm__npy x, r, g, b;   /* .npy inputs: x, residual, gamma, beta */
+    void *raw_x, *raw_r;     /* raw bf16 inputs */
+    const void *xp, *rp;     /* x and the residual (NULL: none), either form */
+    int dtype, ndim;
+    int pdt;                 /* dtype of gamma/beta (0: none given) */
+    uint64_t rows, hidden, shape[2];
+    void *y, *resout;
+    float *mean, *rstd;
+} norm_job;
+
+static void norm_job_free(norm_job *j)
+{
+    lnorm__npy_free(&j->x);
+    lnorm__npy_free(&j->r);
+    lnorm__npy_free(&j->g);
+    lnorm__npy_free(&j->b);
+    free(j->raw_x);
+    free(j->raw_r);
+    free(j->y);
+    free(j->resout);
+    free(j->mean);
+    free(j->rstd);
+}
+
+/* Read --in and --residual as raw bf16 of --rows x --hidden. 0 or 2. */
+static int read_raw_inputs(const args *a, norm_job *j)
+{
+    char err[300];
+    j->dtype = LNORM_DTYPE_BF16;
+    j->rows = a->rows;
+    j->hidden = a->hidden;
+    j->ndim = 2;
+    uint64_t n = j->rows * j->hidden * 2;
+    if (lnorm__raw_read(a->in, n, &j->raw_x, err, sizeof err) != 0 ||
+        (a->res && lnorm__raw_read(a->res, n, &j->raw_r, err, sizeof err) != 0)) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        return 2;
+    }
+    j->xp = j->raw_x;
+    j->rp = j->raw_r;
+    return 0;
+}
+
+/* Read --in and --residual as .npy files of one shape and dtype. 0 or 2. */
+static int read_npy_inputs(const args *a, norm_job *j)
+{
+    char err[300];
+    lnorm__npy *x = &j->x, *r = &j->r;
+    if (lnorm__npy_read(a->in, x, err, sizeof err) != 0) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        return 2;
+    }
+    j->dtype = x->dtype;
+    j->ndim = x->ndim;
+    j->rows = x->ndim == 2 ? x->shape[0] : 1;
+    j->hidden = x->ndim == 2 ? x->shape[1] : x->shape[0];
+    j->xp = x->data;
+    if (!a->res)
+        return 0;
+    if (lnorm__npy_read(a->res, r, err, sizeof err) != 0) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        return 2;
+    }
+    if (r->dtype != x->dtype || r->ndim != x->ndim || r->shape[0] != x->shape[0] ||
+        (x->ndim == 2 && r->shape[1] != x->shape[1])) {
+        fprintf(stderr, "lnorm: %s: residual must have the shape and dtype of %s\n", a->res, a->in);
+        return 2;
+    }
+    j->rp = r->data;
+    return 0;
+}
+
+/* Read --gamma / --beta: in the dtype of x when both files have it, else
+ * as f32. 0 or 2. */
+static int read_params(const args *a, norm_job *j)
+{
+    if (!a->gamma && !a->beta)
+        return 0;
+    char err[300];
+    lnorm__npy probe = {0};
+    int all_x = 1;
+    const char *files[2] = {a->gamma, a->beta};
+    for (int k = 0; k < 2; k++) {
+        if (!files[k])
+            continue;
+        if (lnorm__npy_read(files[k], &probe, err, sizeof err) != 0) {
+            fprintf(stderr, "lnorm: %s\n", err);
+            return 2;
+        }
+        all_x &= probe.dtype == j->dtype;
+        lnorm__npy_free(&probe);
+    }
+    j->pdt = all_x ? j->dtype : LNORM_DTYPE_F32;
+    if ((a->gamma && load_param(a->gamma, j->hidden, j->pdt, &j->g)) ||
+        (a->beta && load_param(a->beta, j->hidden, j->pdt, &j->b)))
+        return 2;
+    return 0;
+}
+
+/* Room for y, residual_out and the statistics. 0 or 2. */
+static int alloc_outputs(const args *a, norm_job *j)
+{
+    size_t n = j->rows * j->hidden * lnorm_dtype_size(j->dtype);
+    j->y = malloc(n);
+    if (a->res)
+        j->resout = malloc(n);
+    if (a->stats) {
+        j->rstd = malloc(j->rows * sizeof *j->rstd);
+        if (a->op == LNORM_OP_LAYERNORM)
+            j->mean = malloc(j->rows * sizeof *j->mean);
+    }
+    if (!j->y || (a->res && !j->resout) ||
+        (a->stats && (!j->rstd || (a->op == LNORM_OP_LAYERNORM && !j->mean)))) {
+        fprintf(stderr, "lnorm: out of memory\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Send the job through c. 0, or 1 after the failure is printed. */
+static int run_normalize(const args *a, norm_job *j, lnorm_client *c)
+{
+    lnorm_normalize_req q;
+    lnorm_normalize_req_init(&q, (lnorm_op)a->op, (lnorm_dtype)j->dtype, j->rows, j->hidden);
+    q.eps = a->eps;
+    q.eps_mode = a->eps_outside ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
+    q.x = j->xp;
+    q.residual = j->rp;
+    q.residual_out = j->resout;
+    q.param_dtype = (lnorm_dtype)(j->pdt ? j->pdt : j->dtype);
+    q.gamma = j->g.data;
+    q.beta = j->b.data;
+    q.params_id = a->params_id;
+    q.want_stats = a->stats != NULL;
+    q.mean = j->mean;
+    q.rstd = j->rstd;
+    q.y = j->y;
+    lnorm_result res;
+    int rv = lnorm_normalize(c, &q, &res);
+    return rv == LNORM_OK ? 0 : report("normalize", rv, &res);
+}
+
+/* Write PREFIX.mean.npy (LayerNorm) and PREFIX.rstd.npy. 0 or -1 (err). */
+static int write_stats(const args *a, const norm_job *j, char *err, size_t errlen)
+{
+    size_t plen = strlen(a->stats) + 16;
+    char *p = malloc(plen);
+    uint64_t sshape[1] = {j->rows};
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int werr = 0;
+    if (j->mean) {
+        snprintf(p, plen, "%s.mean.npy", a->stats);
+        werr |= lnorm__npy_write(p, LNORM_DTYPE_F32, 1, sshape, j->mean, err, errlen);
+    }
+    snprintf(p, plen, "%s.rstd.npy", a->stats);
+    if (!werr)
+        werr |= lnorm__npy_write(p, LNORM_DTYPE_F32, 1, sshape, j->rstd, err, errlen);
+    free(p);
+    return werr;
+}
+
+/* Write y, residual_out and the statistics. 0, or 1 after the error. */
+static int write_outputs(const args *a, const norm_job *j)
+{
+    char err[300];
+    int werr = 0;
+    if (a->raw_bf16) {
+        uint64_t n = j->rows * j->hidden * 2;
+        werr |= lnorm__raw_write(a->out, j->y, n, err, sizeof err);
+        if (!werr && a->res)
+            werr |= lnorm__raw_write(a->resout, j->resout, n, err, sizeof err);
+    } else {
+        werr |= lnorm__npy_write(a->out, j->dtype, j->ndim, j->shape, j->y, err, sizeof err);
+        if (!werr && a->res)
+            werr |= lnorm__npy_write(a->resout, j->dtype, j->ndim, j->shape, j->resout, err, sizeof err);
+    }
+    if (!werr && a->stats)
+        werr |= write_stats(a, j, err, sizeof err);
+    if (werr) {
+        fprintf(stderr, "lnorm: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
 static int cmd_normalize(int argc, char **argv)
 {
     static const int allowed[] = {O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
                                   O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, 0};
     args a;
-    int rv = parse_args(argc, argv, &a, allowed, usage_normalize);
-    if (rv)
-        return rv;
+    int status = parse_args(argc, argv, &a, allowed, usage_normalize);
+    if (status)
+        return status;
     if (a.help) {
         fputs(usage_normalize, stdout);
         return 0;
     }
-    if (!a.in || !a.out)
-        return die_usage("--in and --out are required", usage_normalize);
-    if (a.params_id && (a.gamma || a.beta))
-        return die_usage("--params-id excludes --gamma/--beta", usage_normalize);
-    if (a.params_id && !id_ok(a.params_id))
-        return die_usage("--params-id must be 1..128 characters of [A-Za-z0-9_.:-]", usage_normalize);
-    /* Two outputs into one file would keep only the last written. */
-    if (a.resout && !strcmp(a.resout, a.out))
-        return die_usage("--out and --residual-out name the same file", usage_normalize);
-    if (a.stats) {
-        char sp[2][4096];
-        snprintf(sp[0], sizeof sp[0], "%s.mean.npy", a.stats);
-        snprintf(sp[1], sizeof sp[1], "%s.rstd.npy", a.stats);
-        for (int k = 0; k < 2; k++)
-            if (!strcmp(sp[k], a.out) || (a.resout && !strcmp(sp[k], a.resout)))
-                return die_usage("--stats-out's files and --out / --residual-out name the same file",
-                                 usage_normalize);
-    }
-    if (!a.res != !a.resout)
-        return die_usage("--residual and --residual-out go together", usage_normalize);
-    if (a.raw_bf16 != (a.rows && a.hidden) || (!a.raw_bf16 && (a.rows || a.hidden)))
-        return die_usage("--raw-bf16 needs --rows and --hidden (and only it takes them)",
-                         usage_normalize);
-
-    char err[300];
-    lnorm__npy x = {0}, r = {0}, g = {0}, b = {0};
-    void *raw_x = NULL, *raw_r = NULL;
-    int dtype, ndim;
-    uint64_t rows, hidden, shape[2];
-    const void *xp, *rp = NULL;
-    if (a.raw_bf16) {
-        dtype = LNORM_DTYPE_BF16;
-        rows = a.rows;
-        hidden = a.hidden;
-        ndim = 2;
-        if (hidden > ((uint64_t)1 << 60) / rows) /* the library's own bound; rows * hidden * 2 must not wrap */
-            return die_usage("--rows x --hidden is too large", usage_normalize);
-        if (lnorm__raw_read(a.in, rows * hidden * 2, &raw_x, err, sizeof err) != 0 ||
-            (a.res && lnorm__raw_read(a.res, rows * hidden * 2, &raw_r, err, sizeof err) != 0)) {
-            fprintf(stderr, "lnorm: %s\n", err);
-            free(raw_x);
-            return 2;
-        }
-        xp = raw_x;
-        rp = raw_r;
-    } else {
-        if (lnorm__npy_read(a.in, &x, err, sizeof err) != 0) {
-            fprintf(stderr, "lnorm: %s\n", err);
-            return 2;
-        }
-        dtype = x.dtype;
-        ndim = x.ndim;
-        rows = x.ndim == 2 ? x.shape[0] : 1;
-        hidden = x.ndim == 2 ? x.shape[1] : x.shape[0];
-        xp = x.data;
-        if (a.res) {
-            if (lnorm__npy_read(a.res, &r, err, sizeof err) != 0) {
-                fprintf(stderr, "lnorm: %s\n", err);
-                lnorm__npy_free(&x);
-                return 2;
-            }
-            if (r.dtype != x.dtype || r.ndim != x.ndim || r.shape[0] != x.shape[0] ||
-                (x.ndim == 2 && r.shape[1] != x.shape[1])) {
-                fprintf(stderr, "lnorm: %s: residual must have the shape and dtype of %s\n", a.res,
-                        a.in);
-                lnorm__npy_free(&x);
-                lnorm__npy_free(&r);
-                return 2;
-            }
-            rp = r.data;
-        }
-    }
-    shape[0] = ndim == 2 ? rows : hidden;
-    shape[1] = hidden;
-
-    /* Parameters: the dtype of x when both files have it, else f32. */
-    int pdt = 0;
-    int status = 2;
-    void *y = NULL, *resout = NULL;
-    float *mean = NULL, *rstd = NULL;
+    if ((status = normalize_args_check(&a)) != 0)
+        return status;
+    norm_job j;
+    memset(&j, 0, sizeof j);
     lnorm_client *c = NULL;
-    if (a.gamma || a.beta) {
-        lnorm__npy probe = {0};
-        int all_x = 1;
-        const char *files[2] = {a.gamma, a.beta};
-        for (int k = 0; k < 2; k++) {
-            if (!files[k])
-                continue;
-            if (lnorm__npy_read(files[k], &probe, err, sizeof err) != 0) {
-                fprintf(stderr, "lnorm: %s\n", err);
-                goto out;
-            }
-            all_x &= probe.dtype == dtype;
-            lnorm__npy_free(&probe);
-        }
-        pdt = all_x ? dtype : LNORM_DTYPE_F32;
-        if ((a.gamma && load_param(a.gamma, hidden, pdt, &g)) ||
-            (a.beta && load_param(a.beta, hidden, pdt, &b)))
-            goto out;
+    status = a.raw_bf16 ? read_raw_inputs(&a, &j) : read_npy_inputs(&a, &j);
+    if (status == 0) {
+        j.shape[0] = j.ndim == 2 ? j.rows : j.hidden;
+        j.shape[1] = j.hidden;
+        status = read_params(&a, &j);
     }
-
-    size_t es = lnorm_dtype_size(dtype);
-    y = malloc(rows * hidden * es);
-    if (a.res)
-        resout = malloc(rows * hidden * es);
-    if (a.stats) {
-        rstd = malloc(rows * sizeof *rstd);
-        if (a.op == LNORM_OP_LAYERNORM)
-            mean = malloc(rows * sizeof *mean);
-    }
-    if (!y || (a.res && !resout) || (a.stats && (!rstd || (a.op == LNORM_OP_LAYERNORM && !mean)))) {
-        fprintf(stderr, "lnorm: out of memory\n");
-        goto out;
-    }
-    if (open_client(&a.cm, &c, a.chunk) != LNORM_OK)
-        goto out;
-
-    lnorm_normalize_req q;
-    lnorm_normalize_req_init(&q, (lnorm_op)a.op, (lnorm_dtype)dtype, rows, hidden);
-    q.eps = a.eps;
-    q.eps_mode = a.eps_outside ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
-    q.x = xp;
-    q.residual = rp;
-    q.residual_out = resout;
-    q.param_dtype = (lnorm_dtype)(pdt ? pdt : dtype);
-    q.gamma = g.data;
-    q.beta = b.data;
-    q.params_id = a.params_id;
-    q.want_stats = a.stats != NULL;
-    q.mean = mean;
-    q.rstd = rstd;
-    q.y = y;
-    lnorm_result res;
-    rv = lnorm_normalize(c, &q, &res);
-    if (rv != LNORM_OK) {
-        status = report("normalize", rv, &res);
-        goto out;
-    }
-    int werr = 0;
-    if (a.raw_bf16) {
-        werr |= lnorm__raw_write(a.out, y, rows * hidden * 2, err, sizeof err);
-        if (!werr && a.res)
-            werr |= lnorm__raw_write(a.resout, resout, rows * hidden * 2, err, sizeof err);
-    } else {
-        werr |= lnorm__npy_write(a.out, dtype, ndim, shape, y, err, sizeof err);
-        if (!werr && a.res)
-            werr |= lnorm__npy_write(a.resout, dtype, ndim, shape, resout, err, sizeof err);
-    }
-    if (!werr && a.stats) {
-        size_t plen = strlen(a.stats) + 16;
-        char *p = malloc(plen);
-        uint64_t sshape[1] = {rows};
-        if (!p) {
-            werr = -1;
-            snprintf(err, sizeof err, "out of memory");
-        } else {
-            if (mean) {
-                snprintf(p, plen, "%s.mean.npy", a.stats);
-                werr |= lnorm__npy_write(p, LNORM_DTYPE_F32, 1, sshape, mean, err, sizeof err);
-            }
-            snprintf(p, plen, "%s.rstd.npy", a.stats);
-            if (!werr)
-                werr |= lnorm__npy_write(p, LNORM_DTYPE_F32, 1, sshape, rstd, err, sizeof err);
-            free(p);
-        }
-    }
-    if (werr) {
-        fprintf(stderr, "lnorm: %s\n", err);
-        status = 1;
-        goto out;
-    }
-    status = 0;
-out:
+    if (status == 0)
+        status = alloc_outputs(&a, &j);
+    if (status == 0 && open_client(&a.cm, &c, a.chunk) != LNORM_OK)
+        status = 2;
+    if (status == 0)
+        status = run_normalize(&a, &j, c);
+    if (status == 0)
+        status = write_outputs(&a, &j);
     lnorm_client_close(c);
-    lnorm__npy_free(&x);
-    lnorm__npy_free(&r);
-    lnorm__npy_free(&g);
-    lnorm__npy_free(&b);
-    free(raw_x);
-    free(raw_r);
-    free(y);
-    free(resout);
-    free(mean);
-    free(rstd);
+    norm_job_free(&j);
     return status;
 }
 
