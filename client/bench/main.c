@@ -225,333 +225,458 @@ static int parse_pos(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    const char *url = "ipc:///tmp/lnormd.sock", *spawn = NULL, *spawn_listen = NULL;
-    const char *mix_spec = NULL, *json = NULL, *csv = NULL, *plot = NULL, *echo_url_opt = NULL;
-    const char *echo_serve = NULL, *ready_file = NULL, *params_s = "none";
-    const char *conc_s = NULL, *rate_s = NULL;
+/* Everything the command line sets, and what is derived from it. */
+typedef struct bench_opts {
+    const char *url, *spawn, *spawn_listen, *mix_spec, *json, *csv, *plot, *echo_url;
+    const char *echo_serve, *ready_file, *params_s, *conc_s, *rate_s;
     const char *tags[MAX_TAGS];
-    size_t ntags = 0;
-#ifdef LNORM_BENCH_HAVE_LIB
-    int driver = LNORM__DRV_LIB;
-#else
-    int driver = LNORM__DRV_RAW;
-#endif
-    int poisson = 0, max_inflight = 512, timeout_ms = 5000, echo = 0, echo_only = 0;
-    int echo_ctx = 1024, progress = isatty(2), pipeline = 0, lifetime = 3600, allow_remote = 0;
-    double duration = -1, warmup = -1, grace = 2.0, v;
-    uint64_t max_requests = 0, chunk = 0, u;
-    unsigned verify_n = 0;
+    size_t ntags;
+    char *extra[MAX_EXTRA];  /* lnormd arguments after `--` (with --spawn) */
+    int nextra;
+    int driver, poisson, max_inflight, timeout_ms, echo, echo_only, echo_ctx, progress;
+    int pipeline, lifetime, allow_remote;
+    double duration, warmup, grace;
+    uint64_t max_requests, chunk;
+    unsigned verify_n;
     lnorm__wl wl;
-    memset(&wl, 0, sizeof wl);
-    wl.eps = LNORM_DEFAULT_EPS;
-    wl.variants = 4;
-    wl.seed = 42;
-    lnorm__mix_shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 1024, 1};
+    lnorm__mix_shape def;    /* the shape of --rows/--hidden/--op/... */
+    double points[LNORM__LIST_MAX]; /* concurrencies or rates */
+    int npoints, open;       /* open: open loop (--rate) */
+    char mix_desc[512];
+} bench_opts;
 
+static void opts_defaults(bench_opts *b)
+{
+    memset(b, 0, sizeof *b);
+    b->url = "ipc:///tmp/lnormd.sock";
+    b->params_s = "none";
+#ifdef LNORM_BENCH_HAVE_LIB
+    b->driver = LNORM__DRV_LIB;
+#else
+    b->driver = LNORM__DRV_RAW;
+#endif
+    b->max_inflight = 512;
+    b->timeout_ms = 5000;
+    b->echo_ctx = 1024;
+    b->progress = isatty(2);
+    b->lifetime = 3600;
+    b->duration = -1;
+    b->warmup = -1;
+    b->grace = 2.0;
+    b->wl.eps = LNORM_DEFAULT_EPS;
+    b->wl.variants = 4;
+    b->wl.seed = 42;
+    lnorm__mix_shape def = {LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_NONE, 1, 1024, 1};
+    b->def = def;
+}
+
+/* The workload options: 0 taken, 1 bad value (said), -1 not one of them. */
+static int opt_workload(bench_opts *b, int c, const char *name, const char *arg)
+{
+    lnorm__wl *wl = &b->wl;
+    lnorm__mix_shape *def = &b->def;
+    double v;
+    uint64_t u;
+    switch (c) {
+    case O_OP: if ((def->op = lnorm__op_parse(arg)) < 0) return bad(name, arg); return 0;
+    case O_DTYPE: if ((def->x_dtype = lnorm__dtype_parse(arg)) < 0) return bad(name, arg); return 0;
+    case O_ODTYPE: if ((def->y_dtype = lnorm__dtype_parse(arg)) < 0) return bad(name, arg); return 0;
+    case O_ROWS: if (lnorm__size_parse(arg, &def->rows) || !def->rows) return bad(name, arg); return 0;
+    case O_HIDDEN: if (lnorm__size_parse(arg, &def->hidden) || !def->hidden) return bad(name, arg); return 0;
+    case O_MIX: b->mix_spec = arg; return 0;
+    case O_STATS: wl->stats = 1; return 0;
+    case O_RESID: wl->residual = 1; return 0;
+    case O_PARAMS:
+        b->params_s = arg;
+        if (!strcmp(arg, "none")) wl->params = LNORM__PARAMS_NONE;
+        else if (!strcmp(arg, "inline")) wl->params = LNORM__PARAMS_INLINE;
+        else if (!strcmp(arg, "registered")) wl->params = LNORM__PARAMS_REGISTERED;
+        else return bad(name, arg);
+        return 0;
+    case O_EPS: if (parse_pos(arg, 1e-30, 1, &v)) return bad(name, arg); wl->eps = (float)v; return 0;
+    case O_VARIANTS: if (parse_pos(arg, 1, 1024, &v)) return bad(name, arg); wl->variants = (unsigned)v; return 0;
+    case O_SEED: if (lnorm__size_parse(arg, &u)) return bad(name, arg); wl->seed = u; return 0;
+    case O_VERIFY: if (parse_pos(arg, 0, 1000000, &v)) return bad(name, arg); b->verify_n = (unsigned)v; return 0;
+    default: return -1;
+    }
+}
+
+/* The load options: 0 taken, 1 bad value (said), -1 not one of them. */
+static int opt_load(bench_opts *b, int c, const char *name, const char *arg)
+{
+    double v;
+    switch (c) {
+    case O_CONC: b->conc_s = arg; return 0;
+    case O_RATE: b->rate_s = arg; return 0;
+    case O_ARR:
+        if (!strcmp(arg, "poisson")) b->poisson = 1;
+        else if (!strcmp(arg, "constant")) b->poisson = 0;
+        else return bad(name, arg);
+        return 0;
+    case O_MAXIF: if (parse_pos(arg, 1, 65536, &v)) return bad(name, arg); b->max_inflight = (int)v; return 0;
+    case O_DUR: if (parse_pos(arg, 0, 86400, &b->duration)) return bad(name, arg); return 0;
+    case O_WARM: if (parse_pos(arg, 0, 3600, &b->warmup)) return bad(name, arg); return 0;
+    case O_REQS: if (lnorm__size_parse(arg, &b->max_requests) || !b->max_requests) return bad(name, arg); return 0;
+    case O_TIMEOUT: if (parse_pos(arg, 1, 3600000, &v)) return bad(name, arg); b->timeout_ms = (int)v; return 0;
+    case O_GRACE: if (parse_pos(arg, 0, 3600, &b->grace)) return bad(name, arg); return 0;
+    default: return -1;
+    }
+}
+
+/* --driver lib|raw: 0, or 1 after the error. */
+static int opt_driver(bench_opts *b, const char *name, const char *arg)
+{
+    if (!strcmp(arg, "raw")) {
+        b->driver = LNORM__DRV_RAW;
+        return 0;
+    }
+    if (strcmp(arg, "lib"))
+        return bad(name, arg);
+#ifdef LNORM_BENCH_HAVE_LIB
+    b->driver = LNORM__DRV_LIB;
+    return 0;
+#else
+    fprintf(stderr, "lnorm-bench: built without the client library\n");
+    return 1;
+#endif
+}
+
+/* Target, driver, baseline and output options: 0 taken, 1 bad value
+ * (said), -1 unknown. */
+static int opt_other(bench_opts *b, int c, const char *name, const char *arg)
+{
+    double v;
+    switch (c) {
+    case O_URL: b->url = arg; return 0;
+    case O_SPAWN: b->spawn = arg; return 0;
+    case O_SPAWN_LISTEN: b->spawn_listen = arg; return 0;
+    case O_REMOTE: b->allow_remote = 1; return 0;
+    case O_DRIVER: return opt_driver(b, name, arg);
+    case O_CHUNK: if (lnorm__size_parse(arg, &b->chunk)) return bad(name, arg); return 0;
+    case O_PIPE: if (parse_pos(arg, 1, 1024, &v)) return bad(name, arg); b->pipeline = (int)v; return 0;
+    case O_ECHO: b->echo = 1; return 0;
+    case O_ECHO_ONLY: b->echo_only = 1; return 0;
+    case O_ECHO_URL: b->echo_url = arg; return 0;
+    case O_ECHO_CTX: if (parse_pos(arg, 1, 65536, &v)) return bad(name, arg); b->echo_ctx = (int)v; return 0;
+    case O_JSON: b->json = arg; return 0;
+    case O_CSV: b->csv = arg; return 0;
+    case O_PLOT: b->plot = arg; return 0;
+    case O_TAG:
+        if (b->ntags == MAX_TAGS || !strchr(arg, '=')) return bad(name, arg);
+        b->tags[b->ntags++] = arg;
+        return 0;
+    case O_PROGRESS: b->progress = 1; return 0;
+    case O_NOPROGRESS: b->progress = 0; return 0;
+    case O_ECHO_SERVE: b->echo_serve = arg; return 0;
+    case O_READY: b->ready_file = arg; return 0;
+    case O_LIFETIME: if (parse_pos(arg, 1, 86400, &v)) return bad(name, arg); b->lifetime = (int)v; return 0;
+    default: return -1;
+    }
+}
+
+/* Parse the command line into b. -1: go on; otherwise the exit status
+ * (0 after --help). */
+static int parse_args(int argc, char **argv, bench_opts *b)
+{
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         const char *name = "";
         for (const struct option *o = longopts; o->name; o++)
             if (o->val == c)
                 name = o->name;
-        switch (c) {
-        case 'h': fputs(usage, stdout); return 0;
-        case O_URL: url = optarg; break;
-        case O_SPAWN: spawn = optarg; break;
-        case O_SPAWN_LISTEN: spawn_listen = optarg; break;
-        case O_DRIVER:
-            if (!strcmp(optarg, "raw"))
-                driver = LNORM__DRV_RAW;
-            else if (!strcmp(optarg, "lib")) {
-#ifdef LNORM_BENCH_HAVE_LIB
-                driver = LNORM__DRV_LIB;
-#else
-                fprintf(stderr, "lnorm-bench: built without the client library\n");
-                return 1;
-#endif
-            } else
-                return bad(name, optarg);
-            break;
-        case O_CHUNK: if (lnorm__size_parse(optarg, &chunk)) return bad(name, optarg); break;
-        case O_PIPE: if (parse_pos(optarg, 1, 1024, &v)) return bad(name, optarg); pipeline = (int)v; break;
-        case O_CONC: conc_s = optarg; break;
-        case O_RATE: rate_s = optarg; break;
-        case O_ARR:
-            if (!strcmp(optarg, "poisson")) poisson = 1;
-            else if (!strcmp(optarg, "constant")) poisson = 0;
-            else return bad(name, optarg);
-            break;
-        case O_MAXIF: if (parse_pos(optarg, 1, 65536, &v)) return bad(name, optarg); max_inflight = (int)v; break;
-        case O_DUR: if (parse_pos(optarg, 0, 86400, &duration)) return bad(name, optarg); break;
-        case O_WARM: if (parse_pos(optarg, 0, 3600, &warmup)) return bad(name, optarg); break;
-        case O_REQS: if (lnorm__size_parse(optarg, &max_requests) || !max_requests) return bad(name, optarg); break;
-        case O_TIMEOUT: if (parse_pos(optarg, 1, 3600000, &v)) return bad(name, optarg); timeout_ms = (int)v; break;
-        case O_GRACE: if (parse_pos(optarg, 0, 3600, &grace)) return bad(name, optarg); break;
-        case O_OP: if ((def.op = lnorm__op_parse(optarg)) < 0) return bad(name, optarg); break;
-        case O_DTYPE: if ((def.x_dtype = lnorm__dtype_parse(optarg)) < 0) return bad(name, optarg); break;
-        case O_ODTYPE: if ((def.y_dtype = lnorm__dtype_parse(optarg)) < 0) return bad(name, optarg); break;
-        case O_ROWS: if (lnorm__size_parse(optarg, &def.rows) || !def.rows) return bad(name, optarg); break;
-        case O_HIDDEN: if (lnorm__size_parse(optarg, &def.hidden) || !def.hidden) return bad(name, optarg); break;
-        case O_MIX: mix_spec = optarg; break;
-        case O_STATS: wl.stats = 1; break;
-        case O_RESID: wl.residual = 1; break;
-        case O_PARAMS:
-            params_s = optarg;
-            if (!strcmp(optarg, "none")) wl.params = LNORM__PARAMS_NONE;
-            else if (!strcmp(optarg, "inline")) wl.params = LNORM__PARAMS_INLINE;
-            else if (!strcmp(optarg, "registered")) wl.params = LNORM__PARAMS_REGISTERED;
-            else return bad(name, optarg);
-            break;
-        case O_EPS: if (parse_pos(optarg, 1e-30, 1, &v)) return bad(name, optarg); wl.eps = (float)v; break;
-        case O_VARIANTS: if (parse_pos(optarg, 1, 1024, &v)) return bad(name, optarg); wl.variants = (unsigned)v; break;
-        case O_SEED: if (lnorm__size_parse(optarg, &u)) return bad(name, optarg); wl.seed = u; break;
-        case O_VERIFY: if (parse_pos(optarg, 0, 1000000, &v)) return bad(name, optarg); verify_n = (unsigned)v; break;
-        case O_ECHO: echo = 1; break;
-        case O_ECHO_ONLY: echo_only = 1; break;
-        case O_ECHO_URL: echo_url_opt = optarg; break;
-        case O_ECHO_CTX: if (parse_pos(optarg, 1, 65536, &v)) return bad(name, optarg); echo_ctx = (int)v; break;
-        case O_JSON: json = optarg; break;
-        case O_CSV: csv = optarg; break;
-        case O_PLOT: plot = optarg; break;
-        case O_TAG:
-            if (ntags == MAX_TAGS || !strchr(optarg, '=')) return bad(name, optarg);
-            tags[ntags++] = optarg;
-            break;
-        case O_REMOTE: allow_remote = 1; break;
-        case O_PROGRESS: progress = 1; break;
-        case O_NOPROGRESS: progress = 0; break;
-        case O_ECHO_SERVE: echo_serve = optarg; break;
-        case O_READY: ready_file = optarg; break;
-        case O_LIFETIME: if (parse_pos(optarg, 1, 86400, &v)) return bad(name, optarg); lifetime = (int)v; break;
-        default: fputs("see lnorm-bench --help\n", stderr); return 1;
+        if (c == 'h') {
+            fputs(usage, stdout);
+            return 0;
         }
+        int rv = opt_workload(b, c, name, optarg);
+        if (rv < 0)
+            rv = opt_load(b, c, name, optarg);
+        if (rv < 0)
+            rv = opt_other(b, c, name, optarg);
+        if (rv < 0) {
+            fputs("see lnorm-bench --help\n", stderr);
+            return 1;
+        }
+        if (rv > 0)
+            return rv;
     }
-    if (echo_serve)
-        return lnorm__echo_serve(echo_serve, echo_ctx, ready_file, lifetime);
-
-    char *extra[MAX_EXTRA];
-    int nextra = 0;
+    if (b->echo_serve)
+        return -1;
     for (int i = optind; i < argc; i++) {
-        if (!spawn) {
+        if (!b->spawn) {
             fprintf(stderr, "lnorm-bench: unexpected argument '%s' (extra arguments go to --spawn)\n", argv[i]);
             return 1;
         }
-        if (nextra == MAX_EXTRA - 8) {
+        if (b->nextra == MAX_EXTRA - 8) {
             fprintf(stderr, "lnorm-bench: too many lnormd arguments\n");
             return 1;
         }
-        extra[nextra++] = argv[i];
+        b->extra[b->nextra++] = argv[i];
     }
-    const char *check[] = {spawn ? spawn_listen : url, echo_url_opt};
+    return -1;
+}
+
+/* The mix of shapes (--mix, or the one shape of the other options) and
+ * its description for the report. 0, or 1 after the error. */
+static int build_mix(bench_opts *b)
+{
+    char err[512];
+    lnorm__wl *wl = &b->wl;
+    if (b->mix_spec) {
+        if (lnorm__mix_parse(b->mix_spec, &b->def, &wl->mix, err, sizeof err)) {
+            fprintf(stderr, "lnorm-bench: --mix: %s\n", err);
+            return 1;
+        }
+    } else {
+        wl->mix.shapes[0] = b->def;
+        wl->mix.n = 1;
+        wl->mix.total_weight = 1;
+    }
+    b->mix_desc[0] = '\0';
+    for (size_t i = 0; i < wl->mix.n; i++) {
+        const lnorm__mix_shape *s = &wl->mix.shapes[i];
+        size_t l = strlen(b->mix_desc);
+        snprintf(b->mix_desc + l, sizeof b->mix_desc - l, "%s%llux%llu:%s:%s%s%s:%u", i ? "," : "",
+                 (unsigned long long)s->rows, (unsigned long long)s->hidden,
+                 lnorm_dtype_name(s->x_dtype), lnorm__op_name(s->op),
+                 s->y_dtype ? ":out=" : "", s->y_dtype ? lnorm_dtype_name(s->y_dtype) : "", s->weight);
+    }
+    return 0;
+}
+
+/* Checks across options, the load points, the defaults that depend on
+ * other options, and the mix. 0, or 1 after the error. */
+static int validate(bench_opts *b)
+{
+    const char *check[] = {b->spawn ? b->spawn_listen : b->url, b->echo_url};
     for (int i = 0; i < 2; i++) {
-        if (check[i] && !allow_remote && !url_is_local(check[i])) {
+        if (check[i] && !b->allow_remote && !url_is_local(check[i])) {
             fprintf(stderr, "lnorm-bench: %s is not loopback or ipc; add --allow-remote to load it\n",
                     check[i]);
             return 1;
         }
     }
-    if (conc_s && rate_s) {
+    if (b->conc_s && b->rate_s) {
         fprintf(stderr, "lnorm-bench: give --concurrency (closed loop) or --rate (open loop), not both\n");
         return 1;
     }
-    double points[LNORM__LIST_MAX];
-    int npoints, open = rate_s != NULL;
-    npoints = lnorm__list_parse(open ? rate_s : conc_s ? conc_s : "8", points, LNORM__LIST_MAX);
-    if (npoints < 0)
-        return bad(open ? "rate" : "concurrency", open ? rate_s : conc_s);
-    if (!open)
-        for (int i = 0; i < npoints; i++)
-            if (points[i] != (int)points[i] || points[i] > 65536)
-                return bad("concurrency", conc_s);
-    if (duration < 0)
-        duration = max_requests ? 600 : 5; /* --requests alone: bounded by 10 minutes */
-    if (warmup < 0)
-        warmup = max_requests ? 0 : 1;
-    char err[512];
-    if (mix_spec) {
-        if (lnorm__mix_parse(mix_spec, &def, &wl.mix, err, sizeof err)) {
-            fprintf(stderr, "lnorm-bench: --mix: %s\n", err);
-            return 1;
-        }
-    } else {
-        wl.mix.shapes[0] = def;
-        wl.mix.n = 1;
-        wl.mix.total_weight = 1;
-    }
-    char mix_desc[512] = "";
-    for (size_t i = 0; i < wl.mix.n; i++) {
-        const lnorm__mix_shape *s = &wl.mix.shapes[i];
-        size_t l = strlen(mix_desc);
-        snprintf(mix_desc + l, sizeof mix_desc - l, "%s%llux%llu:%s:%s%s%s:%u", i ? "," : "",
-                 (unsigned long long)s->rows, (unsigned long long)s->hidden,
-                 lnorm_dtype_name(s->x_dtype), lnorm__op_name(s->op),
-                 s->y_dtype ? ":out=" : "", s->y_dtype ? lnorm_dtype_name(s->y_dtype) : "", s->weight);
-    }
+    b->open = b->rate_s != NULL;
+    const char *list = b->open ? b->rate_s : b->conc_s ? b->conc_s : "8";
+    b->npoints = lnorm__list_parse(list, b->points, LNORM__LIST_MAX);
+    if (b->npoints < 0)
+        return bad(b->open ? "rate" : "concurrency", list);
+    if (!b->open)
+        for (int i = 0; i < b->npoints; i++)
+            if (b->points[i] != (int)b->points[i] || b->points[i] > 65536)
+                return bad("concurrency", b->conc_s);
+    if (b->duration < 0)
+        b->duration = b->max_requests ? 600 : 5; /* --requests alone: bounded by 10 minutes */
+    if (b->warmup < 0)
+        b->warmup = b->max_requests ? 0 : 1;
+    return build_mix(b);
+}
 
+static void install_signals(void)
+{
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
 
+/* --spawn: start lnormd on a private ipc path (or --spawn-listen) and wait
+ * for its ready file; *url becomes its URL. 0, or 1 after the error. */
+static int spawn_lnormd(const bench_opts *b, lnorm__child *lnormd, const char **url)
+{
+    char listen[300], ready[256], err[512];
+    if (b->spawn_listen)
+        snprintf(listen, sizeof listen, "%s", b->spawn_listen);
+    else
+        snprintf(listen, sizeof listen, "ipc:///tmp/lnorm-bench-%d.sock", (int)getpid());
+    snprintf(ready, sizeof ready, "/tmp/lnorm-bench-%d.ready", (int)getpid());
+    snprintf(lnormd->ready_path, sizeof lnormd->ready_path, "%s", ready);
+    char *av[MAX_EXTRA + 10];
+    int ac = 0;
+    av[ac++] = (char *)b->spawn;
+    av[ac++] = "--listen";
+    av[ac++] = listen;
+    av[ac++] = "--ready-file";
+    av[ac++] = ready;
+    av[ac++] = "--http";
+    av[ac++] = "off";
+    for (int i = 0; i < b->nextra; i++)
+        av[ac++] = b->extra[i];
+    av[ac] = NULL;
+    if (lnorm__child_start(lnormd, av, err, sizeof err) ||
+        lnorm__child_wait_ready(lnormd, 15000, err, sizeof err)) {
+        fprintf(stderr, "lnorm-bench: --spawn %s: %s\n", b->spawn, err);
+        return 1;
+    }
+    *url = lnormd->url;
+    return 0;
+}
+
+/* --echo / --echo-only: start the echo server (this program again, with
+ * --echo-serve) and wait for it. 0, or 1 after the error. */
+static int start_echo(const bench_opts *b, const char *url, lnorm__child *echod)
+{
+    char eurl[300], err[512];
+    const char *from = b->spawn && !b->echo_only && b->spawn_listen ? b->spawn_listen : url;
+    if (b->echo_url) {
+        snprintf(eurl, sizeof eurl, "%s", b->echo_url);
+    } else if (echo_url_for(from, eurl, sizeof eurl)) {
+        fprintf(stderr, "lnorm-bench: cannot derive an echo URL from %s; give --echo-url\n", url);
+        return 1;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "lnorm-bench: cannot find my own executable\n");
+        return 1;
+    }
+    self[n] = '\0';
+    snprintf(echod->ready_path, sizeof echod->ready_path, "/tmp/lnorm-bench-echo-%d.ready", (int)getpid());
+    char ctx_s[16], life_s[16];
+    snprintf(ctx_s, sizeof ctx_s, "%d", b->echo_ctx);
+    snprintf(life_s, sizeof life_s, "%d", (int)(b->duration + b->warmup + b->grace + 60) * (b->npoints + 1));
+    char *av[] = {self, "--echo-serve", eurl, "--ready-file", echod->ready_path,
+                  "--echo-contexts", ctx_s, "--echo-lifetime", life_s, NULL};
+    if (lnorm__child_start(echod, av, err, sizeof err) ||
+        lnorm__child_wait_ready(echod, 10000, err, sizeof err)) {
+        fprintf(stderr, "lnorm-bench: echo server: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* The run of point i against lnormd (tgt 0) or the echo server (tgt 1). */
+static void point_cfg(const bench_opts *b, int i, int tgt, const char *url, const lnorm__child *lnormd,
+                      const lnorm__child *echod, lnorm__runcfg *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->url = tgt ? echod->url : url;
+    cfg->label = tgt ? "echo" : "lnormd";
+    cfg->target = tgt ? LNORM__TARGET_ECHO : LNORM__TARGET_LNORMD;
+    cfg->driver = tgt ? LNORM__DRV_RAW : b->driver;
+    cfg->open_loop = b->open;
+    cfg->concurrency = b->open ? b->max_inflight : (int)b->points[i];
+    cfg->rate = b->open ? b->points[i] : 0;
+    cfg->poisson = b->poisson;
+    cfg->duration_s = b->duration;
+    cfg->warmup_s = b->warmup;
+    cfg->grace_s = b->grace;
+    cfg->max_requests = b->max_requests;
+    cfg->timeout_ms = b->timeout_ms;
+    cfg->verify_n = tgt ? 0 : b->verify_n;
+    cfg->progress = b->progress;
+    cfg->chunk_bytes = (size_t)b->chunk;
+    cfg->pipeline_depth = b->pipeline;
+    cfg->server_pid = tgt ? (int)echod->pid : (b->spawn ? (int)lnormd->pid : 0);
+}
+
+/* Every point against each target; results appended to runs. The exit
+ * status so far: 0, 1 (a run could not be made) or 3 (errors). */
+static int run_points(const bench_opts *b, const lnorm__work *w, const char *url, const lnorm__child *lnormd,
+                      const lnorm__child *echod, lnorm__runres *runs, size_t *nruns)
+{
     int status = 0;
+    for (int i = 0; i < b->npoints && !lnorm__interrupted; i++) {
+        for (int tgt = 0; tgt < 2 && !lnorm__interrupted; tgt++) {
+            if ((tgt == 0 && b->echo_only) || (tgt == 1 && !b->echo && !b->echo_only))
+                continue;
+            lnorm__runcfg cfg;
+            point_cfg(b, i, tgt, url, lnormd, echod, &cfg);
+            if (lnorm__run(&cfg, w, &runs[*nruns]) != 0) {
+                fprintf(stderr, "lnorm-bench: %s: %s\n", cfg.label, runs[*nruns].error);
+                status = 1;
+            } else if (runs[*nruns].errors && status == 0) {
+                status = 3;
+            }
+            (*nruns)++;
+        }
+    }
+    return status;
+}
+
+/* The table on stdout and the --json / --csv / --plot files. 0, or 1
+ * when a file could not be written. */
+static int write_reports(const bench_opts *b, int argc, char **argv, const char *url,
+                         const lnorm__runres *runs, size_t nruns)
+{
+    char date[32], commit[64], host[128] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    git_commit(commit, sizeof commit);
+    gethostname(host, sizeof host - 1);
+    char cmdline[2048] = "";
+    for (int i = 0; i < argc; i++) {
+        size_t l = strlen(cmdline);
+        snprintf(cmdline + l, sizeof cmdline - l, "%s%s", i ? " " : "", argv[i]);
+    }
+    lnorm__report rp = {runs, nruns, date, device_name(), commit, host, url, b->mix_desc, cmdline,
+                        b->params_s, b->wl.stats, b->wl.residual, b->duration, b->warmup, b->tags, b->ntags};
+    lnorm__report_table(&rp, stdout);
+    int status = 0;
+    const char *files[3] = {b->json, b->csv, b->plot};
+    int (*writers[3])(const lnorm__report *, const char *) = {lnorm__report_json, lnorm__report_csv,
+                                                              lnorm__report_svg};
+    for (int k = 0; k < 3; k++) {
+        if (files[k] && writers[k](&rp, files[k])) {
+            fprintf(stderr, "lnorm-bench: cannot write %s\n", files[k]);
+            status = 1;
+        }
+    }
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts b;
+    opts_defaults(&b);
+    int status = parse_args(argc, argv, &b);
+    if (status >= 0)
+        return status;
+    if (b.echo_serve)
+        return lnorm__echo_serve(b.echo_serve, b.echo_ctx, b.ready_file, b.lifetime);
+    if (validate(&b))
+        return 1;
+    install_signals();
+
+    status = 0;
+    const char *url = b.url;
     lnorm__work *w = NULL;
     lnorm__child lnormd, echod;
     memset(&lnormd, 0, sizeof lnormd);
     memset(&echod, 0, sizeof echod);
-    lnorm__runres *runs = calloc((size_t)npoints * 2, sizeof(*runs));
+    lnorm__runres *runs = calloc((size_t)b.npoints * 2, sizeof(*runs));
     size_t nruns = 0;
     int params_registered = 0;
-    char params_prefix[64];
+    char params_prefix[64], err[512];
     snprintf(params_prefix, sizeof params_prefix, "lnorm-bench.%d", (int)getpid());
-    if (!runs || lnorm__work_build(&wl, params_prefix, &w) != 0) {
+    if (!runs || lnorm__work_build(&b.wl, params_prefix, &w) != 0) {
         fprintf(stderr, "lnorm-bench: out of memory building the requests\n");
         status = 1;
-        goto out;
+    } else if ((b.spawn && !b.echo_only && spawn_lnormd(&b, &lnormd, &url)) ||
+               ((b.echo || b.echo_only) && start_echo(&b, url, &echod))) {
+        status = 1;
+    } else if (!b.echo_only && b.wl.params == LNORM__PARAMS_REGISTERED &&
+               lnorm__params_setup(url, w, 0, err, sizeof err)) {
+        fprintf(stderr, "lnorm-bench: registering params: %s\n", err);
+        status = 1;
+    } else {
+        params_registered = !b.echo_only && b.wl.params == LNORM__PARAMS_REGISTERED;
+        status = run_points(&b, w, url, &lnormd, &echod, runs, &nruns);
     }
-
-    if (spawn && !echo_only) {
-        char listen[300], ready[256];
-        if (spawn_listen)
-            snprintf(listen, sizeof listen, "%s", spawn_listen);
-        else
-            snprintf(listen, sizeof listen, "ipc:///tmp/lnorm-bench-%d.sock", (int)getpid());
-        snprintf(ready, sizeof ready, "/tmp/lnorm-bench-%d.ready", (int)getpid());
-        snprintf(lnormd.ready_path, sizeof lnormd.ready_path, "%s", ready);
-        char *av[MAX_EXTRA + 10];
-        int ac = 0;
-        av[ac++] = (char *)spawn;
-        av[ac++] = "--listen";
-        av[ac++] = listen;
-        av[ac++] = "--ready-file";
-        av[ac++] = ready;
-        av[ac++] = "--http";
-        av[ac++] = "off";
-        for (int i = 0; i < nextra; i++)
-            av[ac++] = extra[i];
-        av[ac] = NULL;
-        if (lnorm__child_start(&lnormd, av, err, sizeof err) ||
-            lnorm__child_wait_ready(&lnormd, 15000, err, sizeof err)) {
-            fprintf(stderr, "lnorm-bench: --spawn %s: %s\n", spawn, err);
-            status = 1;
-            goto out;
-        }
-        url = lnormd.url;
-    }
-    if (echo || echo_only) {
-        char eurl[300];
-        if (echo_url_opt)
-            snprintf(eurl, sizeof eurl, "%s", echo_url_opt);
-        else if (echo_url_for(spawn && !echo_only && spawn_listen ? spawn_listen : url, eurl, sizeof eurl)) {
-            fprintf(stderr, "lnorm-bench: cannot derive an echo URL from %s; give --echo-url\n", url);
-            status = 1;
-            goto out;
-        }
-        char self[4096];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0) {
-            fprintf(stderr, "lnorm-bench: cannot find my own executable\n");
-            status = 1;
-            goto out;
-        }
-        self[n] = '\0';
-        snprintf(echod.ready_path, sizeof echod.ready_path, "/tmp/lnorm-bench-echo-%d.ready", (int)getpid());
-        char ctx_s[16], life_s[16];
-        snprintf(ctx_s, sizeof ctx_s, "%d", echo_ctx);
-        snprintf(life_s, sizeof life_s, "%d", (int)(duration + warmup + grace + 60) * (npoints + 1));
-        char *av[] = {self, "--echo-serve", eurl, "--ready-file", echod.ready_path,
-                      "--echo-contexts", ctx_s, "--echo-lifetime", life_s, NULL};
-        if (lnorm__child_start(&echod, av, err, sizeof err) ||
-            lnorm__child_wait_ready(&echod, 10000, err, sizeof err)) {
-            fprintf(stderr, "lnorm-bench: echo server: %s\n", err);
-            status = 1;
-            goto out;
-        }
-    }
-    if (!echo_only && wl.params == LNORM__PARAMS_REGISTERED) {
-        if (lnorm__params_setup(url, w, 0, err, sizeof err)) {
-            fprintf(stderr, "lnorm-bench: registering params: %s\n", err);
-            status = 1;
-            goto out;
-        }
-        params_registered = 1;
-    }
-
-    for (int i = 0; i < npoints && !lnorm__interrupted; i++) {
-        for (int tgt = 0; tgt < 2 && !lnorm__interrupted; tgt++) {
-            if (tgt == 0 && echo_only)
-                continue;
-            if (tgt == 1 && !echo && !echo_only)
-                continue;
-            lnorm__runcfg cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.url = tgt ? echod.url : url;
-            cfg.label = tgt ? "echo" : "lnormd";
-            cfg.target = tgt ? LNORM__TARGET_ECHO : LNORM__TARGET_LNORMD;
-            cfg.driver = tgt ? LNORM__DRV_RAW : driver;
-            cfg.open_loop = open;
-            cfg.concurrency = open ? max_inflight : (int)points[i];
-            cfg.rate = open ? points[i] : 0;
-            cfg.poisson = poisson;
-            cfg.duration_s = duration;
-            cfg.warmup_s = warmup;
-            cfg.grace_s = grace;
-            cfg.max_requests = max_requests;
-            cfg.timeout_ms = timeout_ms;
-            cfg.verify_n = tgt ? 0 : verify_n;
-            cfg.progress = progress;
-            cfg.chunk_bytes = (size_t)chunk;
-            cfg.pipeline_depth = pipeline;
-            cfg.server_pid = tgt ? (int)echod.pid : (spawn ? (int)lnormd.pid : 0);
-            if (lnorm__run(&cfg, w, &runs[nruns]) != 0) {
-                fprintf(stderr, "lnorm-bench: %s: %s\n", cfg.label, runs[nruns].error);
-                status = 1;
-            } else if (runs[nruns].errors) {
-                if (status == 0)
-                    status = 3;
-            }
-            nruns++;
-        }
-    }
-
-out:
     if (params_registered && lnorm__params_setup(url, w, 1, err, sizeof err))
         fprintf(stderr, "lnorm-bench: dropping params: %s\n", err);
     lnorm__child_stop(&lnormd);
     lnorm__child_stop(&echod);
-    if (nruns) {
-        char date[32], commit[64], host[128] = "";
-        time_t now = time(NULL);
-        struct tm tm;
-        gmtime_r(&now, &tm);
-        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
-        git_commit(commit, sizeof commit);
-        gethostname(host, sizeof host - 1);
-        char cmdline[2048] = "";
-        for (int i = 0; i < argc; i++) {
-            size_t l = strlen(cmdline);
-            snprintf(cmdline + l, sizeof cmdline - l, "%s%s", i ? " " : "", argv[i]);
-        }
-        lnorm__report rp = {runs, nruns, date, device_name(), commit, host,
-                            echo_only ? echod.url : url, mix_desc, cmdline, params_s,
-                            wl.stats, wl.residual, duration, warmup, tags, ntags};
-        lnorm__report_table(&rp, stdout);
-        if (json && lnorm__report_json(&rp, json)) {
-            fprintf(stderr, "lnorm-bench: cannot write %s\n", json);
-            status = 1;
-        }
-        if (csv && lnorm__report_csv(&rp, csv)) {
-            fprintf(stderr, "lnorm-bench: cannot write %s\n", csv);
-            status = 1;
-        }
-        if (plot && lnorm__report_svg(&rp, plot)) {
-            fprintf(stderr, "lnorm-bench: cannot write %s\n", plot);
-            status = 1;
-        }
-    }
+    if (nruns && write_reports(&b, argc, argv, b.echo_only ? echod.url : url, runs, nruns))
+        status = 1;
     lnorm__work_free(w);
     free(runs);
     return status;
