@@ -140,6 +140,15 @@ static int waiter_wait(waiter *w, int timeout_ms)
     return left == 0 ? 0 : -1;
 }
 
+/* A client of url with the default options, or NULL with the failure counted. */
+static lnorm_client *open_client(const char *url)
+{
+    lnorm_client *c = NULL;
+    int rv = lnorm_client_open(&c, &url, 1, NULL);
+    CHECK(rv == LNORM_OK, "open %s: %s", url, lnorm_strerror(rv));
+    return rv == LNORM_OK ? c : NULL;
+}
+
 /* ---- concurrent: 64 clients, mixed ops/dtypes/shapes, sync and async ---------- */
 
 #define NTHREADS 64
@@ -328,12 +337,10 @@ static int chunked_case(lnorm_client *c, const lnorm_test_case_cfg *cfg, size_t 
 
 static int test_chunked(void)
 {
-    lnorm_client *c;
-    const char *url = daemon_.tcp_url;
-    int rv = lnorm_client_open(&c, &url, 1, NULL);
-    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
-    if (rv != LNORM_OK)
+    lnorm_client *c = open_client(daemon_.tcp_url);
+    if (!c)
         return 1;
+    int rv;
     lnorm_server_info info;
     lnorm_result res;
     rv = lnorm_info(c, &info, &res);
@@ -342,15 +349,8 @@ static int test_chunked(void)
     uint64_t maxrows = rv == LNORM_OK && info.max_rows ? info.max_rows : 4096;
 
     /* f32 LayerNorm with everything: 2048 x 1024 (8 MiB of x, 8 of residual). */
-    lnorm_test_case_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.op = LNORM_OP_LAYERNORM;
-    cfg.x_dtype = LNORM_DTYPE_F32;
-    cfg.rows = 2048;
-    cfg.hidden = 1024;
-    cfg.gamma = cfg.beta = cfg.residual = cfg.stats = 1;
-    cfg.x_mean = 1.5;
-    cfg.x_spread = 3;
+    lnorm_test_case_cfg cfg = {.op = LNORM_OP_LAYERNORM, .x_dtype = LNORM_DTYPE_F32, .rows = 2048, .hidden = 1024,
+                               .gamma = 1, .beta = 1, .residual = 1, .stats = 1, .x_mean = 1.5, .x_spread = 3};
     if ((uint64_t)cfg.rows > maxrows)
         cfg.rows = (int64_t)maxrows;
     /* unchunked if the server takes a message that big; else 4 big chunks */
@@ -359,23 +359,13 @@ static int test_chunked(void)
     chunked_case(c, &cfg, 256u << 10, big, (uint32_t)((cfg.rows + 63) / 64));
 
     /* bf16 RMSNorm, chunk size not a multiple of a row, last chunk of 1 row. */
-    memset(&cfg, 0, sizeof cfg);
-    cfg.op = LNORM_OP_RMSNORM;
-    cfg.x_dtype = LNORM_DTYPE_BF16;
-    cfg.y_dtype = LNORM_DTYPE_F32;
-    cfg.param_dtype = LNORM_DTYPE_F32;
-    cfg.rows = 1001;
-    cfg.hidden = 1000;
-    cfg.gamma = cfg.stats = 1;
+    cfg = (lnorm_test_case_cfg){.op = LNORM_OP_RMSNORM, .x_dtype = LNORM_DTYPE_BF16, .y_dtype = LNORM_DTYPE_F32,
+                                .param_dtype = LNORM_DTYPE_F32, .rows = 1001, .hidden = 1000, .gamma = 1, .stats = 1};
     chunked_case(c, &cfg, 100999, (size_t)1 << 40, 21);
 
     /* f16 with a residual, pipeline of 1-row chunks. */
-    memset(&cfg, 0, sizeof cfg);
-    cfg.op = LNORM_OP_LAYERNORM;
-    cfg.x_dtype = LNORM_DTYPE_F16;
-    cfg.rows = 50;
-    cfg.hidden = 777;
-    cfg.residual = cfg.beta = cfg.stats = 1;
+    cfg = (lnorm_test_case_cfg){.op = LNORM_OP_LAYERNORM, .x_dtype = LNORM_DTYPE_F16, .rows = 50, .hidden = 777,
+                                .residual = 1, .beta = 1, .stats = 1};
     chunked_case(c, &cfg, 1, (size_t)1 << 40, 50);
     lnorm_client_close(c);
     return 0;
@@ -385,26 +375,17 @@ static int test_chunked(void)
 
 static int test_params(void)
 {
-    lnorm_client *c;
-    const char *url = daemon_.ipc_url;
-    int rv = lnorm_client_open(&c, &url, 1, NULL);
-    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
-    if (rv != LNORM_OK)
+    lnorm_client *c = open_client(daemon_.ipc_url);
+    if (!c)
         return 1;
+    int rv;
     lnorm_rng g;
     lnorm_rng_seed(&g, 99);
     int dts[3] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
     for (int k = 0; k < 3; k++) {
-        lnorm_test_case_cfg cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.op = k == 1 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM;
-        cfg.x_dtype = dts[k];
-        cfg.param_dtype = dts[k];
-        cfg.rows = 33;
-        cfg.hidden = 520;
-        cfg.gamma = 1;
-        cfg.beta = k != 1;
-        cfg.stats = 1;
+        lnorm_test_case_cfg cfg = {.op = k == 1 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM, .x_dtype = dts[k],
+                                   .param_dtype = dts[k], .rows = 33, .hidden = 520, .gamma = 1, .beta = k != 1,
+                                   .stats = 1};
         lnorm_test_case tc;
         if (lnorm_test_case_make(&tc, &cfg, &g) != LNORM_OK)
             return 1;
@@ -511,12 +492,10 @@ out:
 
 static int test_errors(void)
 {
-    lnorm_client *c;
-    const char *url = daemon_.tcp_url;
-    int rv = lnorm_client_open(&c, &url, 1, NULL);
-    CHECK(rv == LNORM_OK, "open: %s", lnorm_strerror(rv));
-    if (rv != LNORM_OK)
+    lnorm_client *c = open_client(daemon_.tcp_url);
+    if (!c)
         return 1;
+    int rv;
     float x[8 * 16], y[8 * 16];
     lnorm_rng g;
     lnorm_rng_seed(&g, 5);

@@ -102,3 +102,39 @@ long lnorm_test_case_pad_writes(const lnorm_test_case *tc)
                           s->res_out_stride);
     return bad;
 }
+
+void lnorm_test_matrix(const int64_t *hs, size_t nh, lnorm_test_matrix_fn fn, void *arg)
+{
+    static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
+    long idx = 0;
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+        for (int xi = 0; xi < 3; xi++)
+            for (int yi = 0; yi < 2; yi++)
+                for (int aff = 0; aff < 3; aff++)
+                    for (int pi = 0; pi < 2; pi++)
+                        for (int res = 0; res < 2; res++)
+                            for (int st = 0; st < 2; st++) {
+                                int xdt = dts[xi];
+                                if (aff == 0 && pi == 1)
+                                    continue; /* no params: param dtype is moot */
+                                lnorm_test_case_cfg c = {0};
+                                c.op = op;
+                                c.x_dtype = xdt;
+                                c.y_dtype = yi == 0 ? xdt : (xdt == LNORM_DTYPE_F32 ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32);
+                                c.param_dtype = pi == 0 ? LNORM_DTYPE_F32 : xdt;
+                                c.gamma = aff >= 1;
+                                c.beta = aff >= 2;
+                                c.residual = res;
+                                c.stats = st;
+                                c.x_mean = (idx % 3) * 0.75;
+                                c.x_spread = 1.0 + (idx % 5) * 0.5;
+                                c.eps_mode = (idx % 7 == 3) ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
+                                for (size_t hi = 0; hi < nh; hi++) {
+                                    c.hidden = hs[hi];
+                                    c.rows = c.hidden >= 4096 ? 3 : 5 + (int64_t)(idx % 4);
+                                    c.pad = (idx + (long)hi) % 3 == 0 ? 0 : (int64_t)((idx + (long)hi) % 3) * 7 - 4;
+                                    fn(&c, idx, hi, arg);
+                                }
+                                idx++;
+                            }
+}

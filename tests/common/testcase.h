@@ -52,6 +52,15 @@ void lnorm_test_case_repoison(lnorm_test_case *tc);
  * last row) that are no longer 0xFF, i.e. written where nothing belongs. */
 long lnorm_test_case_pad_writes(const lnorm_test_case *tc);
 
+/* The matrix every backend is checked on (tests/kernels, tests/gpu): each
+ * op x x dtype x y dtype (x's, then a cross one) x affine (none, gamma,
+ * gamma + beta) x param dtype (f32, x's; only with affine) x residual x
+ * stats, at each hidden size of hs; mean, spread, eps placement, rows and
+ * padding vary with the case's index idx. fn gets every configuration,
+ * with idx and the index hi of its hidden size in hs. */
+typedef void (*lnorm_test_matrix_fn)(const lnorm_test_case_cfg *c, long idx, size_t hi, void *arg);
+void lnorm_test_matrix(const int64_t *hs, size_t nh, lnorm_test_matrix_fn fn, void *arg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -86,59 +86,45 @@ static uint8_t *pack_register(uint64_t id, const char *pid, uint64_t hidden, siz
     static float g[512];
     for (int i = 0; i < 512; i++)
         g[i] = 1.0f + (float)i / 512.0f;
-    Lnorm__V1__Request req;
-    Lnorm__V1__RegisterParamsRequest rp;
-    lnorm__v1__request__init(&req);
-    lnorm__v1__register_params_request__init(&rp);
-    req.request_id = id;
-    req.body_case = LNORM__V1__REQUEST__BODY_REGISTER_PARAMS;
-    req.register_params = &rp;
+    Lnorm__V1__RegisterParamsRequest rp = LNORM__V1__REGISTER_PARAMS_REQUEST__INIT;
     rp.params_id = (char *)pid;
     rp.dtype = LNORM__V1__DTYPE__DTYPE_F32;
     rp.hidden = hidden;
     rp.gamma.data = (uint8_t *)g;
     rp.gamma.len = hidden * 4;
-    return fw_pack(&req, len);
+    return fw_pack_body(id, LNORM__V1__REQUEST__BODY_REGISTER_PARAMS, &rp, len);
 }
 
 static uint8_t *pack_drop(uint64_t id, const char *pid, size_t *len)
 {
-    Lnorm__V1__Request req;
-    Lnorm__V1__DropParamsRequest dp;
-    lnorm__v1__request__init(&req);
-    lnorm__v1__drop_params_request__init(&dp);
-    req.request_id = id;
-    req.body_case = LNORM__V1__REQUEST__BODY_DROP_PARAMS;
-    req.drop_params = &dp;
+    Lnorm__V1__DropParamsRequest dp = LNORM__V1__DROP_PARAMS_REQUEST__INIT;
     dp.params_id = (char *)pid;
-    return fw_pack(&req, len);
+    return fw_pack_body(id, LNORM__V1__REQUEST__BODY_DROP_PARAMS, &dp, len);
 }
 
 static void check_shape_limits(nng_socket s)
 {
-    char msg[256];
-    size_t len;
-    uint8_t *buf = fw_pack_norm(11, LNORM__V1__OP__OP_LAYER_NORM, 65, 8, 1, NULL, &len);
-    int code = status_of(s, buf, len, 11, msg, sizeof msg);
-    printf("limits: rows 65 > max-rows 64 -> status %d (%s)\n", code, msg);
-    CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "rows over max-rows gave %d", code);
-    free(buf);
-    expect_serving(s, "max-rows");
-
-    buf = fw_pack_norm(12, LNORM__V1__OP__OP_RMS_NORM, 1, 513, 2, NULL, &len);
-    code = status_of(s, buf, len, 12, msg, sizeof msg);
-    printf("limits: hidden 513 > max-hidden 512 -> status %d (%s)\n", code, msg);
-    CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "hidden over max-hidden gave %d", code);
-    free(buf);
-    expect_serving(s, "max-hidden");
-
-    buf = fw_pack_norm(13, LNORM__V1__OP__OP_LAYER_NORM, 64, 512, 3, NULL, &len);
-    code = status_of(s, buf, len, 13, msg, sizeof msg);
-    printf("limits: %zu-byte request > max-message-bytes 65536 -> status %d (%s)\n", len, code, msg);
-    CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "message over max-message-bytes gave %d",
-             code);
-    free(buf);
-    expect_serving(s, "max-message-bytes");
+    static const struct {
+        int op;
+        uint64_t rows, hidden;
+        const char *limit;
+    } over[] = {
+        {LNORM__V1__OP__OP_LAYER_NORM, 65, 8, "max-rows 64"},
+        {LNORM__V1__OP__OP_RMS_NORM, 1, 513, "max-hidden 512"},
+        {LNORM__V1__OP__OP_LAYER_NORM, 64, 512, "max-message-bytes 65536"},
+    };
+    for (size_t i = 0; i < sizeof over / sizeof over[0]; i++) {
+        char msg[256];
+        size_t len;
+        uint64_t id = 11 + i;
+        uint8_t *buf = fw_pack_norm(id, over[i].op, over[i].rows, over[i].hidden, (uint32_t)id, NULL, &len);
+        int code = status_of(s, buf, len, id, msg, sizeof msg);
+        printf("limits: %llu x %llu (%zu bytes) over %s -> status %d (%s)\n", (unsigned long long)over[i].rows,
+               (unsigned long long)over[i].hidden, len, over[i].limit, code, msg);
+        CHECK(code == LNORM__V1__CODE__RESOURCE_EXHAUSTED, "a request over %s gave %d", over[i].limit, code);
+        free(buf);
+        expect_serving(s, over[i].limit);
+    }
 }
 
 /* The over-size send, in its own process (argv: "-", "oversize", URL):

@@ -25,6 +25,22 @@ uint8_t *fw_pack(const Lnorm__V1__Request *req, size_t *len)
     return buf;
 }
 
+uint8_t *fw_pack_body(uint64_t id, Lnorm__V1__Request__BodyCase body, void *msg, size_t *len)
+{
+    Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
+    req.request_id = id;
+    req.body_case = body;
+    switch (body) {
+    case LNORM__V1__REQUEST__BODY_NORMALIZE: req.normalize = msg; break;
+    case LNORM__V1__REQUEST__BODY_REGISTER_PARAMS: req.register_params = msg; break;
+    case LNORM__V1__REQUEST__BODY_DROP_PARAMS: req.drop_params = msg; break;
+    case LNORM__V1__REQUEST__BODY_HEALTH: req.health = msg; break;
+    case LNORM__V1__REQUEST__BODY_INFO: req.info = msg; break;
+    default: break;
+    }
+    return fw_pack(&req, len);
+}
+
 static float det_value(uint32_t seed, uint64_t i)
 {
     uint64_t z = (uint64_t)seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
@@ -43,20 +59,14 @@ uint8_t *fw_pack_norm(uint64_t id, int op, uint64_t rows, uint64_t hidden, uint3
         return NULL;
     for (size_t i = 0; i < n; i++)
         x[i] = det_value(seed, i);
-    Lnorm__V1__Request req;
-    Lnorm__V1__NormalizeRequest nr;
-    lnorm__v1__request__init(&req);
-    lnorm__v1__normalize_request__init(&nr);
-    req.request_id = id;
-    req.body_case = LNORM__V1__REQUEST__BODY_NORMALIZE;
-    req.normalize = &nr;
+    Lnorm__V1__NormalizeRequest nr = LNORM__V1__NORMALIZE_REQUEST__INIT;
     nr.op = op;
     nr.x_dtype = LNORM__V1__DTYPE__DTYPE_F32;
     nr.rows = rows;
     nr.hidden = hidden;
     nr.x.data = (uint8_t *)x;
     nr.x.len = n * sizeof *x;
-    uint8_t *buf = fw_pack(&req, len);
+    uint8_t *buf = fw_pack_body(id, LNORM__V1__REQUEST__BODY_NORMALIZE, &nr, len);
     if (x_out)
         *x_out = x;
     else
@@ -66,14 +76,8 @@ uint8_t *fw_pack_norm(uint64_t id, int op, uint64_t rows, uint64_t hidden, uint3
 
 uint8_t *fw_pack_health(uint64_t id, size_t *len)
 {
-    Lnorm__V1__Request req;
-    Lnorm__V1__HealthRequest h;
-    lnorm__v1__request__init(&req);
-    lnorm__v1__health_request__init(&h);
-    req.request_id = id;
-    req.body_case = LNORM__V1__REQUEST__BODY_HEALTH;
-    req.health = &h;
-    return fw_pack(&req, len);
+    Lnorm__V1__HealthRequest h = LNORM__V1__HEALTH_REQUEST__INIT;
+    return fw_pack_body(id, LNORM__V1__REQUEST__BODY_HEALTH, &h, len);
 }
 
 Lnorm__V1__Response *fw_unpack(const uint8_t *buf, size_t len)
@@ -181,11 +185,21 @@ int fw_tcp_connect(const char *url)
     return fd;
 }
 
-int fw_write_all(int fd, const void *buf, size_t len)
+/* Send (out) or receive exactly len bytes: 0; 1 when a read waited
+ * timeout_ms for data; -1 when the connection closed or broke (a send
+ * blocks, within the socket's SO_SNDTIMEO). */
+static int transfer(int fd, uint8_t *p, size_t len, int out, int timeout_ms)
 {
-    const uint8_t *p = buf;
     while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (!out) {
+            struct pollfd pfd = {fd, POLLIN, 0};
+            int r = poll(&pfd, 1, timeout_ms);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                return r == 0 ? 1 : -1;
+        }
+        ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -196,27 +210,14 @@ int fw_write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-/* Read exactly len bytes before the deadline: 0, 1 timeout, -1 closed. */
+int fw_write_all(int fd, const void *buf, size_t len)
+{
+    return transfer(fd, (uint8_t *)buf, len, 1, -1) ? -1 : 0;
+}
+
 static int read_full(int fd, uint8_t *p, size_t len, int timeout_ms)
 {
-    while (len) {
-        struct pollfd pfd = {fd, POLLIN, 0};
-        int r = poll(&pfd, 1, timeout_ms);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r == 0)
-            return 1;
-        if (r < 0)
-            return -1;
-        ssize_t n = recv(fd, p, len, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+    return transfer(fd, p, len, 0, timeout_ms);
 }
 
 int fw_sp_handshake(int fd, int timeout_ms)

@@ -25,6 +25,9 @@ uint8_t *fw_pack_norm(uint64_t id, int op, uint64_t rows, uint64_t hidden, uint3
 /* Pack any Request (malloc'ed bytes). */
 uint8_t *fw_pack(const Lnorm__V1__Request *req, size_t *len);
 
+/* A Request of id with body msg of the kind body (Normalize..., Health...), packed. */
+uint8_t *fw_pack_body(uint64_t id, Lnorm__V1__Request__BodyCase body, void *msg, size_t *len);
+
 /* Health and Info requests, packed. */
 uint8_t *fw_pack_health(uint64_t id, size_t *len);
 

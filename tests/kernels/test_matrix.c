@@ -57,57 +57,30 @@ static void run_case(lnorm_cpu *cpu, const lnorm_test_case_cfg *cfg, lnorm_rng *
     lnorm_test_case_free(&tc);
 }
 
+typedef struct sweep_arg {
+    lnorm_cpu *cpu;
+    lnorm_rng *g;
+} sweep_arg;
+
+static void matrix_case(const lnorm_test_case_cfg *c, long idx, size_t hi, void *arg)
+{
+    sweep_arg *a = arg;
+    run_case(a->cpu, c, a->g, (idx + (long)hi) % 2);
+}
+
 static void sweep(lnorm_cpu *cpu, lnorm_rng *g)
 {
-    long idx = 0;
-    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
-        for (int xi = 0; xi < 3; xi++)
-            for (int yi = 0; yi < 2; yi++) /* same dtype, then a cross case */
-                for (int aff = 0; aff < 3; aff++)
-                    for (int pi = 0; pi < 2; pi++)
-                        for (int res = 0; res < 2; res++)
-                            for (int st = 0; st < 2; st++) {
-                                int xdt = dts[xi];
-                                if (aff == 0 && pi == 1)
-                                    continue; /* no params: param dtype is moot */
-                                lnorm_test_case_cfg c = {0};
-                                c.op = op;
-                                c.x_dtype = xdt;
-                                c.y_dtype = yi == 0 ? xdt : (xdt == LNORM_DTYPE_F32 ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32);
-                                c.param_dtype = pi == 0 ? LNORM_DTYPE_F32 : xdt;
-                                c.gamma = aff >= 1;
-                                c.beta = aff >= 2;
-                                c.residual = res;
-                                c.stats = st;
-                                c.x_mean = (idx % 3) * 0.75;
-                                c.x_spread = 1.0 + (idx % 5) * 0.5;
-                                c.eps_mode = (idx % 7 == 3) ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
-                                for (size_t hi = 0; hi < sizeof small_h / sizeof *small_h; hi++) {
-                                    c.hidden = small_h[hi];
-                                    c.rows = c.hidden >= 4096 ? 3 : 5 + (int64_t)(idx % 4);
-                                    c.pad = (idx + hi) % 3 == 0 ? 0 : (int64_t)((idx + hi) % 3) * 7 - 4;
-                                    run_case(cpu, &c, g, (idx + hi) % 2);
-                                }
-                                idx++;
-                            }
+    sweep_arg a = {cpu, g};
+    lnorm_test_matrix(small_h, sizeof small_h / sizeof *small_h, matrix_case, &a);
     /* Huge rows: every op x x-dtype x residual with gamma+beta and stats,
      * plus the cross y dtype, each H, two rows. */
     for (size_t hi = 0; hi < sizeof big_h / sizeof *big_h; hi++)
         for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
             for (int xi = 0; xi < 3; xi++)
                 for (int res = 0; res < 2; res++) {
-                    lnorm_test_case_cfg c = {0};
-                    c.op = op;
-                    c.x_dtype = dts[xi];
-                    c.y_dtype = res ? LNORM_DTYPE_F32 : dts[xi];
-                    c.gamma = c.beta = 1;
-                    c.residual = res;
-                    c.stats = 1;
-                    c.x_mean = 0.5;
-                    c.x_spread = 2.0;
-                    c.hidden = big_h[hi];
-                    c.rows = 2;
-                    c.pad = res ? 5 : 0;
+                    lnorm_test_case_cfg c = {.op = op, .x_dtype = dts[xi], .y_dtype = res ? LNORM_DTYPE_F32 : dts[xi],
+                                             .gamma = 1, .beta = 1, .residual = res, .stats = 1, .x_mean = 0.5,
+                                             .x_spread = 2.0, .hidden = big_h[hi], .rows = 2, .pad = res ? 5 : 0};
                     run_case(cpu, &c, g, res);
                 }
     /* Outputs of 4 MiB and more: y goes out through non-temporal stores

@@ -43,13 +43,8 @@ static void *lw_main(void *arg)
     }
     lnorm_rng g;
     lnorm_rng_seed(&g, (uint64_t)w->id + 1);
-    lnorm_test_case_cfg c;
-    memset(&c, 0, sizeof c);
-    c.op = LNORM_OP_RMSNORM;
-    c.x_dtype = LNORM_DTYPE_F32;
-    c.rows = rows;
-    c.hidden = hidden;
-    c.gamma = 1;
+    lnorm_test_case_cfg c = {.op = LNORM_OP_RMSNORM, .x_dtype = LNORM_DTYPE_F32, .rows = rows, .hidden = hidden,
+                             .gamma = 1};
     lnorm_test_case tc;
     if (lnorm_test_case_make(&tc, &c, &g) != LNORM_OK) {
         w->errors = nreq;

@@ -38,22 +38,9 @@ static int start(td_daemon *d, const char *const *extra)
 static void make_case(lnorm_test_case *tc, lnorm_rng *g, int op, int xdt, int ydt, int pdt, int64_t rows,
                       int64_t hidden, int gamma, int beta, int residual, int stats, int eps_mode, float eps)
 {
-    lnorm_test_case_cfg c;
-    memset(&c, 0, sizeof c);
-    c.op = op;
-    c.x_dtype = xdt;
-    c.y_dtype = ydt;
-    c.param_dtype = pdt;
-    c.rows = rows;
-    c.hidden = hidden;
-    c.gamma = gamma;
-    c.beta = beta;
-    c.residual = residual;
-    c.stats = stats;
-    c.eps_mode = eps_mode;
-    c.eps = eps;
-    c.x_mean = 0.5;
-    c.x_spread = 2.0;
+    lnorm_test_case_cfg c = {.op = op, .x_dtype = xdt, .y_dtype = ydt, .param_dtype = pdt, .rows = rows,
+                             .hidden = hidden, .gamma = gamma, .beta = beta, .residual = residual, .stats = stats,
+                             .eps_mode = eps_mode, .eps = eps, .x_mean = 0.5, .x_spread = 2.0};
     if (lnorm_test_case_make(tc, &c, g) != LNORM_OK) {
         fprintf(stderr, "out of memory building a case\n");
         exit(1);
@@ -75,14 +62,9 @@ static void random_case(lnorm_test_case *tc, lnorm_rng *g)
               eps);
 }
 
-static void test_normalize(void)
+static void test_normalize(td_daemon *d, lnorm_rng *g)
 {
-    td_daemon d;
-    if (start(&d, NULL) != 0)
-        return;
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(1));
-    const char *urls[2] = {d.ipc_url, d.tcp_url};
+    const char *urls[2] = {d->ipc_url, d->tcp_url};
     for (int u = 0; u < 2; u++) {
         nng_socket s;
         if (ts_dial(&s, urls[u]) != 0)
@@ -93,7 +75,7 @@ static void test_normalize(void)
             for (int xdt = 1; xdt <= 3; xdt++)
                 for (int ydt = 1; ydt <= 3; ydt++) {
                     lnorm_test_case tc;
-                    make_case(&tc, &g, op, xdt, ydt, (xdt + ydt) % 2 ? LNORM_DTYPE_F32 : xdt, 3, 320, 1, 1, 1, 1, 0, 0);
+                    make_case(&tc, g, op, xdt, ydt, (xdt + ydt) % 2 ? LNORM_DTYPE_F32 : xdt, 3, 320, 1, 1, 1, 1, 0, 0);
                     ts_norm m;
                     ts_norm_from_case(&m, &tc, (uint64_t)(1000 + n), 1);
                     Lnorm__V1__Response *r = ts_call(s, &m.req);
@@ -111,7 +93,7 @@ static void test_normalize(void)
                 }
         for (int i = 0; i < 60; i++, n++) {
             lnorm_test_case tc;
-            random_case(&tc, &g);
+            random_case(&tc, g);
             ts_norm m;
             ts_norm_from_case(&m, &tc, (uint64_t)(1000 + n), 1);
             Lnorm__V1__Response *r = ts_call(s, &m.req);
@@ -124,9 +106,8 @@ static void test_normalize(void)
         }
         nng_close(s);
     }
-    double ok = td_metric(&d, "lnormd_requests_total{status=\"OK\"}");
+    double ok = td_metric(d, "lnormd_requests_total{status=\"OK\"}");
     CHECK(ok == 2 * (18 + 60), "OK count in /metrics is %g", ok);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* ------------------------------------------------------------------ */
@@ -152,13 +133,54 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static void run_workers(worker *ws, int n)
+/* Worker i sends its case as request i + 1 to url. */
+static void worker_set(worker *w, int i, const char *url)
+{
+    w->url = url;
+    ts_norm_from_case(&w->m, &w->tc, (uint64_t)i + 1, 1);
+}
+
+/* n workers with random cases, alternately on d's ipc and tcp URLs. */
+static void random_workers(worker *ws, int n, const td_daemon *d, lnorm_rng *g)
+{
+    for (int i = 0; i < n; i++) {
+        random_case(&ws[i].tc, g);
+        worker_set(&ws[i], i, i % 2 ? d->tcp_url : d->ipc_url);
+    }
+}
+
+static void start_workers(worker *ws, int n)
 {
     for (int i = 0; i < n; i++)
         ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+}
+
+static void join_workers(worker *ws, int n)
+{
     for (int i = 0; i < n; i++)
         if (ws[i].started)
             pthread_join(ws[i].t, NULL);
+}
+
+static void run_workers(worker *ws, int n)
+{
+    start_workers(ws, n);
+    join_workers(ws, n);
+}
+
+/* Check each worker's reply against its case ("what i" on failure);
+ * returns how many were right. */
+static int check_workers(const worker *ws, int n, const char *what)
+{
+    int good = 0;
+    for (int i = 0; i < n; i++) {
+        char label[96];
+        snprintf(label, sizeof label, "%s %d", what, i);
+        long bad = ts_check_reply(&ws[i].tc, ws[i].resp, label);
+        CHECK(bad == 0, "%s", label);
+        good += bad == 0;
+    }
+    return good;
 }
 
 static void free_workers(worker *ws, int n)
@@ -171,55 +193,45 @@ static void free_workers(worker *ws, int n)
 }
 
 /* 64 concurrent one-row requests ride in far fewer than 64 batches. */
-static void test_batching(void)
+static const char *const batching_args[] = {"--max-queue-delay-us", "200000", NULL};
+
+static void test_batching(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-queue-delay-us", "200000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
     enum { N = 64 };
     static worker ws[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(42));
     for (int i = 0; i < N; i++) {
-        ws[i].url = i % 2 ? d.ipc_url : d.tcp_url;
         /* Mixed ops / dtypes share batches. */
-        make_case(&ws[i].tc, &g, 1 + i % 2, 1 + i % 3, 1 + (i / 3) % 3, LNORM_DTYPE_F32, 1, 512, 1, i % 4 == 0, i % 5 == 0,
+        make_case(&ws[i].tc, g, 1 + i % 2, 1 + i % 3, 1 + (i / 3) % 3, LNORM_DTYPE_F32, 1, 512, 1, i % 4 == 0, i % 5 == 0,
                   1, 0, 0);
-        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+        worker_set(&ws[i], i, i % 2 ? d->ipc_url : d->tcp_url);
     }
     run_workers(ws, N);
+    check_workers(ws, N, "batched request");
     int max_req = 0;
-    for (int i = 0; i < N; i++) {
-        char label[32];
-        snprintf(label, sizeof label, "batched request %d", i);
-        CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
+    for (int i = 0; i < N; i++)
         if (ws[i].resp && ws[i].resp->timings && (int)ws[i].resp->timings->batch_requests > max_req)
             max_req = (int)ws[i].resp->timings->batch_requests;
-    }
-    double batches = td_metric(&d, "lnormd_batches_total");
-    double hist_n = td_metric(&d, "lnormd_batch_requests_count");
-    double hist_sum = td_metric(&d, "lnormd_batch_requests_sum");
+    double batches = td_metric(d, "lnormd_batches_total");
+    double hist_n = td_metric(d, "lnormd_batch_requests_count");
+    double hist_sum = td_metric(d, "lnormd_batch_requests_sum");
     fprintf(stderr, "64 requests rode in %g batches (largest %d requests)\n", batches, max_req);
     CHECK(batches >= 1 && batches <= 16, "64 one-row requests took %g batches", batches);
     CHECK(max_req >= 8, "largest batch had only %d requests", max_req);
     CHECK(hist_n == batches && hist_sum == N, "batch_requests histogram: count %g sum %g", hist_n, hist_sum);
     free_workers(ws, N);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* A row's result is bit-identical whichever batch it rides in. */
-static void test_invariance(void)
+static void test_invariance(td_daemon *none, lnorm_rng *g)
 {
+    (void)none;
     static const char *const args_alone[] = {"--max-queue-delay-us", "0", "--cpu-jobs", "1", NULL};
     static const char *const args_batched[] = {"--max-queue-delay-us", "300000", NULL};
     enum { N = 24 };
     static worker a[N], b[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(7));
     for (int i = 0; i < N; i++) {
-        random_case(&a[i].tc, &g);
-        ts_norm_from_case(&a[i].m, &a[i].tc, (uint64_t)i + 1, 1);
+        random_case(&a[i].tc, g);
+        worker_set(&a[i], i, NULL);
     }
     /* Alone: one request at a time. */
     td_daemon d;
@@ -308,19 +320,41 @@ static void valid_roundtrip(nng_socket s, lnorm_rng *g, const char *after)
     lnorm_test_case_free(&tc);
 }
 
-static void test_malformed(void)
+static const char *const malformed_args[] = {"--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "4096", NULL};
+
+/* A field of a Normalize request set to v (F_EPS: v indexes bad_eps). */
+enum { F_NONE, F_X_LEN, F_ROWS, F_HIDDEN, F_RESIDUAL_LEN, F_GAMMA_LEN, F_PARAM_DTYPE, F_EPS, F_OP, F_X_DTYPE,
+       F_Y_DTYPE, F_EPS_MODE };
+
+static void set_field(ts_norm *m, int field, uint64_t v)
 {
-    static const char *const args[] = {"--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "4096", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
+    static const float bad_eps[] = {0.0f, -1e-5f, NAN, INFINITY, -0.0f};
+    switch (field) {
+    case F_X_LEN: m->n.x.len = v; break;
+    case F_ROWS: m->n.rows = v; break;
+    case F_HIDDEN: m->n.hidden = v; break;
+    case F_RESIDUAL_LEN: m->n.residual.len = v; break;
+    case F_GAMMA_LEN: m->aff.gamma.len = v; break;
+    case F_PARAM_DTYPE: m->aff.dtype = (Lnorm__V1__DType)v; break; /* neither f32 nor x's dtype */
+    case F_EPS:
+        m->n.eps_present_case = LNORM__V1__NORMALIZE_REQUEST__EPS_PRESENT_EPS;
+        m->n.eps = bad_eps[v];
+        break;
+    case F_OP: m->n.op = (Lnorm__V1__Op)v; break;
+    case F_X_DTYPE: m->n.x_dtype = (Lnorm__V1__DType)v; break;
+    case F_Y_DTYPE: m->n.y_dtype = (Lnorm__V1__DType)v; break;
+    case F_EPS_MODE: m->n.eps_mode = (Lnorm__V1__EpsMode)v; break;
+    default: break;
+    }
+}
+
+static void test_malformed(td_daemon *d, lnorm_rng *g)
+{
     nng_socket s, s2;
-    if (ts_dial(&s, d.tcp_url) != 0 || ts_dial(&s2, d.ipc_url) != 0)
+    if (ts_dial(&s, d->tcp_url) != 0 || ts_dial(&s2, d->ipc_url) != 0)
         return;
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(3));
     lnorm_test_case tc;
-    make_case(&tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 4, 32, 1, 1, 1, 1, 0, 0);
+    make_case(&tc, g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 4, 32, 1, 1, 1, 1, 0, 0);
     ts_norm m;
 
     /* Truncated protobuf: a valid request cut short. */
@@ -334,11 +368,11 @@ static void test_malformed(void)
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
     free(buf);
-    valid_roundtrip(s2, &g, "truncated");
+    valid_roundtrip(s2, g, "truncated");
     /* Garbage bytes. */
     uint8_t junk[300];
     for (size_t i = 0; i < sizeof junk; i++)
-        junk[i] = (uint8_t)lnorm_rng_next(&g);
+        junk[i] = (uint8_t)lnorm_rng_next(g);
     junk[0] = 0xff;
     r = ts_call_raw(s, junk, sizeof junk);
     CHECK(r && ts_code(r) == 3, "garbage: %d %s", ts_code(r), ts_msg(r));
@@ -350,66 +384,50 @@ static void test_malformed(void)
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
 
-    /* Sizes that disagree. */
-    ts_norm_from_case(&m, &tc, 502, 1);
-    m.n.x.len -= 4;
-    expect(s, &m.req, 3, "normalize.x", "x too short");
-    ts_norm_from_case(&m, &tc, 503, 1);
-    m.n.rows = 5;
-    expect(s, &m.req, 3, "normalize.x", "rows disagree");
-    ts_norm_from_case(&m, &tc, 504, 1);
-    m.n.residual.len = 8;
-    expect(s, &m.req, 3, "normalize.residual", "residual shape");
-    ts_norm_from_case(&m, &tc, 505, 1);
-    m.aff.gamma.len = 12;
-    expect(s, &m.req, 3, "normalize.affine.gamma", "gamma size");
-    ts_norm_from_case(&m, &tc, 506, 1);
-    m.aff.dtype = LNORM__V1__DTYPE__DTYPE_BF16; /* neither f32 nor x's dtype */
-    expect(s, &m.req, 3, "normalize.affine.dtype", "params dtype");
-    valid_roundtrip(s2, &g, "size errors");
-    /* Huge shapes: overflow-safe, limits. */
-    ts_norm_from_case(&m, &tc, 507, 1);
-    m.n.rows = 1ull << 62;
-    m.n.hidden = 1ull << 62;
-    expect(s, &m.req, 8, "normalize.rows", "rows over the limit");
-    ts_norm_from_case(&m, &tc, 508, 1);
-    m.n.rows = 4;
-    m.n.hidden = 1ull << 40;
-    expect(s, &m.req, 8, "normalize.hidden", "hidden over the limit");
-    ts_norm_from_case(&m, &tc, 509, 1);
-    m.n.rows = 0;
-    expect(s, &m.req, 3, "normalize.rows", "rows 0");
-    ts_norm_from_case(&m, &tc, 510, 1);
-    m.n.hidden = 0;
-    expect(s, &m.req, 3, "normalize.hidden", "hidden 0");
-    /* eps. */
-    float bad_eps[] = {0.0f, -1e-5f, NAN, INFINITY, -0.0f};
-    for (size_t i = 0; i < sizeof bad_eps / sizeof bad_eps[0]; i++) {
-        ts_norm_from_case(&m, &tc, 520 + i, 1);
-        m.n.eps_present_case = LNORM__V1__NORMALIZE_REQUEST__EPS_PRESENT_EPS;
-        m.n.eps = bad_eps[i];
-        expect(s, &m.req, 3, "normalize.eps", "bad eps");
+    /* One or two fields of a valid request set wrong (sizes that disagree,
+     * huge shapes: overflow-safe, limits; eps; unknown enum values), a
+     * valid request on the other connection after each group. */
+    static const struct {
+        int f1;
+        uint64_t v1;
+        int f2;
+        uint64_t v2;
+        int code;
+        const char *needle, *what;
+    } bad[] = {
+        {F_X_LEN, 4 * 32 * 4 - 4, F_NONE, 0, 3, "normalize.x", "x too short"},
+        {F_ROWS, 5, F_NONE, 0, 3, "normalize.x", "rows disagree"},
+        {F_RESIDUAL_LEN, 8, F_NONE, 0, 3, "normalize.residual", "residual shape"},
+        {F_GAMMA_LEN, 12, F_NONE, 0, 3, "normalize.affine.gamma", "gamma size"},
+        {F_PARAM_DTYPE, LNORM__V1__DTYPE__DTYPE_BF16, F_NONE, 0, 3, "normalize.affine.dtype", "params dtype"},
+        {F_NONE, 0, F_NONE, 0, -1, NULL, "size errors"},
+        {F_ROWS, 1ull << 62, F_HIDDEN, 1ull << 62, 8, "normalize.rows", "rows over the limit"},
+        {F_ROWS, 4, F_HIDDEN, 1ull << 40, 8, "normalize.hidden", "hidden over the limit"},
+        {F_ROWS, 0, F_NONE, 0, 3, "normalize.rows", "rows 0"},
+        {F_HIDDEN, 0, F_NONE, 0, 3, "normalize.hidden", "hidden 0"},
+        {F_EPS, 0, F_NONE, 0, 3, "normalize.eps", "eps 0"},
+        {F_EPS, 1, F_NONE, 0, 3, "normalize.eps", "eps -1e-5"},
+        {F_EPS, 2, F_NONE, 0, 3, "normalize.eps", "eps NaN"},
+        {F_EPS, 3, F_NONE, 0, 3, "normalize.eps", "eps Inf"},
+        {F_EPS, 4, F_NONE, 0, 3, "normalize.eps", "eps -0"},
+        {F_OP, 7, F_NONE, 0, 3, "normalize.op", "unknown op"},
+        {F_OP, LNORM__V1__OP__OP_UNSPECIFIED, F_NONE, 0, 3, "normalize.op", "unspecified op"},
+        {F_X_DTYPE, 9, F_NONE, 0, 3, "normalize.x_dtype", "unknown x dtype"},
+        {F_X_DTYPE, LNORM__V1__DTYPE__DTYPE_UNSPECIFIED, F_NONE, 0, 3, "normalize.x_dtype", "unspecified x dtype"},
+        {F_Y_DTYPE, 4, F_NONE, 0, 3, "normalize.y_dtype", "unknown y dtype"},
+        {F_EPS_MODE, 2, F_NONE, 0, 3, "normalize.eps_mode", "unknown eps mode"},
+        {F_NONE, 0, F_NONE, 0, -1, NULL, "enum errors"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (bad[i].code < 0) {
+            valid_roundtrip(s2, g, bad[i].what);
+            continue;
+        }
+        ts_norm_from_case(&m, &tc, 502 + i, 1);
+        set_field(&m, bad[i].f1, bad[i].v1);
+        set_field(&m, bad[i].f2, bad[i].v2);
+        expect(s, &m.req, bad[i].code, bad[i].needle, bad[i].what);
     }
-    /* Unknown enum values. */
-    ts_norm_from_case(&m, &tc, 530, 1);
-    m.n.op = (Lnorm__V1__Op)7;
-    expect(s, &m.req, 3, "normalize.op", "unknown op");
-    ts_norm_from_case(&m, &tc, 531, 1);
-    m.n.op = LNORM__V1__OP__OP_UNSPECIFIED;
-    expect(s, &m.req, 3, "normalize.op", "unspecified op");
-    ts_norm_from_case(&m, &tc, 532, 1);
-    m.n.x_dtype = (Lnorm__V1__DType)9;
-    expect(s, &m.req, 3, "normalize.x_dtype", "unknown x dtype");
-    ts_norm_from_case(&m, &tc, 533, 1);
-    m.n.x_dtype = LNORM__V1__DTYPE__DTYPE_UNSPECIFIED;
-    expect(s, &m.req, 3, "normalize.x_dtype", "unspecified x dtype");
-    ts_norm_from_case(&m, &tc, 534, 1);
-    m.n.y_dtype = (Lnorm__V1__DType)4;
-    expect(s, &m.req, 3, "normalize.y_dtype", "unknown y dtype");
-    ts_norm_from_case(&m, &tc, 535, 1);
-    m.n.eps_mode = (Lnorm__V1__EpsMode)2;
-    expect(s, &m.req, 3, "normalize.eps_mode", "unknown eps mode");
-    valid_roundtrip(s2, &g, "enum errors");
     /* Affine rules. */
     ts_norm_from_case(&m, &tc, 540, 1);
     m.aff.params_id = "p1";
@@ -424,7 +442,7 @@ static void test_malformed(void)
     expect(s, &m.req, 3, "params_id", "invalid params id");
     /* Oversize message: over max-message-bytes, within NNG's grace. */
     lnorm_test_case big;
-    make_case(&big, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 20, 1024, 0, 0, 0, 0, 0, 0);
+    make_case(&big, g, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 20, 1024, 0, 0, 0, 0, 0, 0);
     ts_norm_from_case(&m, &big, 550, 1); /* 80 KiB of x */
     expect(s, &m.req, 8, "max-message-bytes", "oversize message");
     lnorm_test_case_free(&big);
@@ -433,34 +451,28 @@ static void test_malformed(void)
     empty.request_id = 560;
     expect(s, &empty, 3, "body", "no body");
     /* Valid traffic still flows on both connections. */
-    valid_roundtrip(s, &g, "all errors (same connection)");
-    valid_roundtrip(s2, &g, "all errors (other connection)");
-    double inv = td_metric(&d, "lnormd_requests_total{status=\"INVALID_ARGUMENT\"}");
-    double res = td_metric(&d, "lnormd_requests_total{status=\"RESOURCE_EXHAUSTED\"}");
-    double nf = td_metric(&d, "lnormd_requests_total{status=\"NOT_FOUND\"}");
+    valid_roundtrip(s, g, "all errors (same connection)");
+    valid_roundtrip(s2, g, "all errors (other connection)");
+    double inv = td_metric(d, "lnormd_requests_total{status=\"INVALID_ARGUMENT\"}");
+    double res = td_metric(d, "lnormd_requests_total{status=\"RESOURCE_EXHAUSTED\"}");
+    double nf = td_metric(d, "lnormd_requests_total{status=\"NOT_FOUND\"}");
     CHECK(inv == 24 && res == 3 && nf == 1, "status counters: invalid %g, exhausted %g, not found %g", inv, res, nf);
     lnorm_test_case_free(&tc);
     nng_close(s);
     nng_close(s2);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* ------------------------------------------------------------------ */
 
-static void test_deadline(void)
+static const char *const deadline_args[] = {"--max-queue-delay-us", "300000", NULL};
+
+static void test_deadline(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-queue-delay-us", "300000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
     enum { N = 4 };
     static worker ws[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(11));
     for (int i = 0; i < N; i++) {
-        ws[i].url = d.tcp_url;
-        make_case(&ws[i].tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F16, LNORM_DTYPE_F16, 2, 256, 1, 1, 0, 0, 0, 0);
-        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
+        make_case(&ws[i].tc, g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F16, LNORM_DTYPE_F16, 2, 256, 1, 1, 0, 0, 0, 0);
+        worker_set(&ws[i], i, d->tcp_url);
         /* Two expire while waiting for the 300 ms batch; two have time. */
         ws[i].m.req.deadline_us = i < 2 ? 20000 : 20000000;
     }
@@ -470,150 +482,99 @@ static void test_deadline(void)
             CHECK(ws[i].resp && ts_code(ws[i].resp) == 4 && ws[i].resp->body_case == 0,
                      "request %d: status %d (%s), want DEADLINE_EXCEEDED", i, ts_code(ws[i].resp), ts_msg(ws[i].resp));
         } else {
-            char label[32];
-            snprintf(label, sizeof label, "deadline ok %d", i);
-            CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
+            check_workers(&ws[i], 1, "request with time left");
         }
     }
-    double de = td_metric(&d, "lnormd_requests_total{status=\"DEADLINE_EXCEEDED\"}");
-    double rows = td_metric(&d, "lnormd_rows_total");
+    double de = td_metric(d, "lnormd_requests_total{status=\"DEADLINE_EXCEEDED\"}");
+    double rows = td_metric(d, "lnormd_rows_total");
     CHECK(de == 2, "DEADLINE_EXCEEDED count %g", de);
     CHECK(rows == 4, "rows computed %g: expired requests must not be computed", rows);
     free_workers(ws, N);
-    td_stop_check(&d, "on SIGTERM");
 }
 
-static void test_queue_full(void)
+static const char *const queue_full_args[] = {"--max-queue", "3", "--max-queue-delay-us", "700000", NULL};
+
+/* n concurrent requests of the case c on url: each reply must be a right
+ * result or RESOURCE_EXHAUSTED naming limit. Returns how many were the
+ * latter, *ok how many the former. */
+static int limited_wave(int n, const char *url, lnorm_rng *g, const lnorm_test_case_cfg *c, const char *limit, int *ok)
 {
-    static const char *const args[] = {"--max-queue", "3", "--max-queue-delay-us", "700000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
+    static worker ws[16];
+    int limited = 0;
+    *ok = 0;
+    for (int i = 0; i < n; i++) {
+        if (lnorm_test_case_make(&ws[i].tc, c, g) != LNORM_OK)
+            CHECK_FAIL("out of memory building a case");
+        worker_set(&ws[i], i, url);
+    }
+    run_workers(ws, n);
+    for (int i = 0; i < n; i++) {
+        int code = ts_code(ws[i].resp);
+        if (code == LNORM__V1__CODE__RESOURCE_EXHAUSTED && strstr(ts_msg(ws[i].resp), limit))
+            limited++;
+        else if (code == 0)
+            *ok += check_workers(&ws[i], 1, "request within the limit");
+        else
+            CHECK_FAIL("request %d: status %d (%s), want OK or RESOURCE_EXHAUSTED naming %s", i, code,
+                       ts_msg(ws[i].resp), limit);
+    }
+    free_workers(ws, n);
+    return limited;
+}
+
+static void test_queue_full(td_daemon *d, lnorm_rng *g)
+{
     enum { N = 10 };
-    static worker ws[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(13));
-    for (int i = 0; i < N; i++) {
-        ws[i].url = d.ipc_url;
-        make_case(&ws[i].tc, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 1, 128, 1, 0, 0, 1, 0, 0);
-        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
-    }
-    run_workers(ws, N);
-    int ok = 0, full = 0;
-    for (int i = 0; i < N; i++) {
-        int c = ts_code(ws[i].resp);
-        if (c == 0) {
-            ok++;
-            CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, "queued request") == 0, "queued request %d", i);
-        } else if (c == 8) {
-            full++;
-            CHECK(strstr(ts_msg(ws[i].resp), "queue full") != NULL, "message: %s", ts_msg(ws[i].resp));
-        } else {
-            CHECK_FAIL("request %d: unexpected status %d (%s)", i, c, ts_msg(ws[i].resp));
-        }
-    }
+    const lnorm_test_case_cfg c = {.op = LNORM_OP_RMSNORM, .x_dtype = LNORM_DTYPE_BF16, .y_dtype = LNORM_DTYPE_F32,
+                                   .param_dtype = LNORM_DTYPE_F32, .rows = 1, .hidden = 128, .gamma = 1, .stats = 1};
+    int ok, full = limited_wave(N, d->ipc_url, g, &c, "queue full", &ok);
     CHECK(ok == 3 && full == N - 3, "%d OK, %d RESOURCE_EXHAUSTED (want 3, %d)", ok, full, N - 3);
-    free_workers(ws, N);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* Fewer contexts than concurrent clients: NNG holds the rest back, and
  * every request is still answered correctly. */
-static void test_contexts(void)
+static const char *const contexts_args[] = {"--contexts", "2", NULL};
+
+static void test_contexts(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--contexts", "2", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
     enum { N = 24 };
     static worker ws[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(37));
-    for (int i = 0; i < N; i++) {
-        ws[i].url = i % 2 ? d.tcp_url : d.ipc_url;
-        random_case(&ws[i].tc, &g);
-        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
-    }
+    random_workers(ws, N, d, g);
     run_workers(ws, N);
-    for (int i = 0; i < N; i++) {
-        char label[48];
-        snprintf(label, sizeof label, "request %d through 2 contexts", i);
-        CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
-    }
+    check_workers(ws, N, "request through 2 contexts");
     free_workers(ws, N);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* Memory held by requests in flight is bounded. */
-static void test_inflight_bytes(void)
+static const char *const inflight_bytes_args[] = {"--max-inflight-bytes", "1048576", "--max-queue-delay-us", "500000", NULL};
+
+static void test_inflight_bytes(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-inflight-bytes", "1048576", "--max-queue-delay-us", "500000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
-    enum { N = 3 };
-    static worker ws[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(31));
-    for (int i = 0; i < N; i++) {
-        ws[i].url = d.tcp_url;
-        /* 64 x 1024 f32 in + out, no stats: 512 KiB each; two fit in 1 MiB. */
-        make_case(&ws[i].tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 64, 1024, 0, 0, 0, 0,
-                  0, 0);
-        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
-    }
-    run_workers(ws, N);
-    int ok = 0, limited = 0;
-    for (int i = 0; i < N; i++) {
-        int c = ts_code(ws[i].resp);
-        if (c == 0 && ts_check_reply(&ws[i].tc, ws[i].resp, "within the byte budget") == 0)
-            ok++;
-        else if (c == 8 && strstr(ts_msg(ws[i].resp), "max-inflight-bytes"))
-            limited++;
-        else
-            CHECK_FAIL("request %d: status %d (%s)", i, c, ts_msg(ws[i].resp));
-    }
+    /* 64 x 1024 f32 in + out, no stats: 512 KiB each; two fit in 1 MiB. */
+    const lnorm_test_case_cfg c = {.op = LNORM_OP_LAYERNORM, .x_dtype = LNORM_DTYPE_F32, .rows = 64, .hidden = 1024};
+    int ok, limited = limited_wave(3, d->tcp_url, g, &c, "max-inflight-bytes", &ok);
     CHECK(ok == 2 && limited == 1, "%d OK, %d over the byte budget (want 2, 1)", ok, limited);
-    double held = td_wait_metric(&d, "lnormd_in_flight_bytes", 0, 5000);
+    double held = td_wait_metric(d, "lnormd_in_flight_bytes", 0, 5000);
     CHECK(held == 0, "in-flight bytes back to 0: %g", held);
-    free_workers(ws, N);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* SIGTERM with requests in flight: every request answered, exit 0. */
-static void test_sigterm(void)
+static const char *const sigterm_args[] = {"--max-queue-delay-us", "400000", NULL};
+
+static void test_sigterm(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-queue-delay-us", "400000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
     enum { N = 32 };
     static worker ws[N];
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(17));
-    for (int i = 0; i < N; i++) {
-        ws[i].url = i % 2 ? d.tcp_url : d.ipc_url;
-        random_case(&ws[i].tc, &g);
-        ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 1);
-    }
-    for (int i = 0; i < N; i++)
-        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+    random_workers(ws, N, d, g);
+    start_workers(ws, N);
     /* Wait until every request is inside the daemon, then SIGTERM. */
-    double q = td_wait_metric(&d, "lnormd_requests_in_flight", N, 5000);
+    double q = td_wait_metric(d, "lnormd_requests_in_flight", N, 5000);
     CHECK(q == N, "in flight before SIGTERM: %g", q);
-    td_signal(&d, SIGTERM);
-    for (int i = 0; i < N; i++)
-        if (ws[i].started)
-            pthread_join(ws[i].t, NULL);
-    int answered = 0;
-    for (int i = 0; i < N; i++) {
-        char label[32];
-        snprintf(label, sizeof label, "in-flight request %d", i);
-        if (ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0)
-            answered++;
-    }
+    td_signal(d, SIGTERM);
+    join_workers(ws, N);
+    int answered = check_workers(ws, N, "in-flight request");
     CHECK(answered == N, "%d of %d in-flight requests answered correctly", answered, N);
-    td_stop_check(&d, "on SIGTERM with requests in flight");
+    td_check_exit0(d, td_stop(d, 0, 20000), "on SIGTERM with requests in flight");
     free_workers(ws, N);
 }
 
@@ -659,32 +620,28 @@ static int code_free(Lnorm__V1__Response *r)
     return c;
 }
 
-static void test_params(void)
+static const char *const params_args[] = {"--max-params-bytes", "20000", NULL};
+
+static void test_params(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-params-bytes", "20000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
     nng_socket s;
-    if (ts_dial(&s, d.tcp_url) != 0)
+    if (ts_dial(&s, d->tcp_url) != 0)
         return;
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(19));
     lnorm_test_case tc;
-    make_case(&tc, &g, LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_F32, 5, 1000, 1, 1, 1, 1, 0, 0);
+    make_case(&tc, g, LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, LNORM_DTYPE_BF16, LNORM_DTYPE_F32, 5, 1000, 1, 1, 1, 1, 0, 0);
     size_t pb = 1000 * 4;
     CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 0, "register");
     CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 6,
              "re-register: ALREADY_EXISTS");
     static uint8_t big[8000];
-    lnorm_test_fill(&g, big, LNORM_DTYPE_F32, 2000, 1, 0.1);
+    lnorm_test_fill(g, big, LNORM_DTYPE_F32, 2000, 1, 0.1);
     CHECK(code_free(reg(s, "big", LNORM_DTYPE_F32, 2000, big, 8000, big, 8000)) == 8,
              "over max-params-bytes: RESOURCE_EXHAUSTED");
     CHECK(code_free(reg(s, "bad", LNORM_DTYPE_F32, 1000, tc.gamma, 12, NULL, 0)) == 3, "bad gamma size");
     CHECK(code_free(reg(s, "", LNORM_DTYPE_F32, 1000, tc.gamma, pb, NULL, 0)) == 3, "empty id");
     CHECK(code_free(reg(s, "x", 5, 1000, tc.gamma, pb, NULL, 0)) == 3, "unknown dtype");
     /* gamma + beta of 4000 bytes each, and 256 bytes of bookkeeping (docs/protocol.md) */
-    CHECK(td_metric(&d, "lnormd_params_bytes") == 8000 + 256, "params bytes gauge");
+    CHECK(td_metric(d, "lnormd_params_bytes") == 8000 + 256, "params bytes gauge");
 
     /* By id == inline, bit for bit, and both right. */
     ts_norm byid, inl;
@@ -702,7 +659,7 @@ static void test_params(void)
     code_free(r2);
     /* Wrong hidden for the id. */
     lnorm_test_case other;
-    make_case(&other, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 2, 64, 0, 0, 0, 0, 0, 0);
+    make_case(&other, g, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, LNORM_DTYPE_F32, 2, 64, 0, 0, 0, 0, 0, 0);
     ts_norm wrong;
     ts_norm_from_case(&wrong, &other, 3, 0);
     wrong.aff.params_id = "layer.0:ln-1";
@@ -714,13 +671,12 @@ static void test_params(void)
     CHECK(drop(s, "layer.0:ln-1") == 5, "drop again: NOT_FOUND");
     expect(s, &byid.req, 5, "not registered", "normalize with a dropped id");
     /* A request that used the id releases it just after its reply: poll. */
-    double pb0 = td_wait_metric(&d, "lnormd_params_bytes", 0, 5000);
+    double pb0 = td_wait_metric(d, "lnormd_params_bytes", 0, 5000);
     CHECK(pb0 == 0, "params memory freed after drop: %g", pb0);
     /* Re-register after drop works (replace = drop + register). */
     CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 0, "register again");
     lnorm_test_case_free(&tc);
     nng_close(s);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* A drop while requests using the id wait in the queue: they still compute right. */
@@ -728,61 +684,47 @@ typedef struct drop_ctx {
     const char *url;
 } drop_ctx;
 
-static void test_params_drop_inflight(void)
+static const char *const params_drop_inflight_args[] = {"--max-queue-delay-us", "300000", NULL};
+
+static void test_params_drop_inflight(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-queue-delay-us", "300000", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
     nng_socket s;
-    if (ts_dial(&s, d.ipc_url) != 0)
+    if (ts_dial(&s, d->ipc_url) != 0)
         return;
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(23));
     enum { N = 8 };
     static worker ws[N];
     for (int i = 0; i < N; i++) {
-        ws[i].url = d.tcp_url;
-        make_case(&ws[i].tc, &g, LNORM_OP_RMSNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F32, LNORM_DTYPE_F16, 3, 200, 1, 1, 0, 0, 0, 0);
+        make_case(&ws[i].tc, g, LNORM_OP_RMSNORM, LNORM_DTYPE_F16, LNORM_DTYPE_F32, LNORM_DTYPE_F16, 3, 200, 1, 1, 0, 0, 0, 0);
         if (i > 0) { /* same params for every request */
             memcpy(ws[i].tc.gamma, ws[0].tc.gamma, 400);
             memcpy(ws[i].tc.beta, ws[0].tc.beta, 400);
         }
+        ws[i].url = d->tcp_url;
         ts_norm_from_case(&ws[i].m, &ws[i].tc, (uint64_t)i + 1, 0);
         ws[i].m.aff.params_id = "shared";
         ws[i].m.n.affine = &ws[i].m.aff;
     }
     CHECK(code_free(reg(s, "shared", LNORM_DTYPE_F16, 200, ws[0].tc.gamma, 400, ws[0].tc.beta, 400)) == 0, "register");
-    for (int i = 0; i < N; i++)
-        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
-    double q = td_wait_metric(&d, "lnormd_queue_depth", N, 5000);
+    start_workers(ws, N);
+    double q = td_wait_metric(d, "lnormd_queue_depth", N, 5000);
     CHECK(q == N, "queued before the drop: %g", q);
     CHECK(drop(s, "shared") == 0, "drop while queued");
-    for (int i = 0; i < N; i++)
-        if (ws[i].started)
-            pthread_join(ws[i].t, NULL);
-    for (int i = 0; i < N; i++) {
-        char label[48];
-        snprintf(label, sizeof label, "request %d after drop", i);
-        CHECK(ts_check_reply(&ws[i].tc, ws[i].resp, label) == 0, "%s", label);
-    }
+    join_workers(ws, N);
+    check_workers(ws, N, "request after the drop");
     /* Replies go out just before the requests release the params: poll. */
-    double pbytes = td_wait_metric(&d, "lnormd_params_bytes", 0, 5000);
+    double pbytes = td_wait_metric(d, "lnormd_params_bytes", 0, 5000);
     CHECK(pbytes == 0, "memory freed once the batch finished: %g", pbytes);
     free_workers(ws, N);
     nng_close(s);
-    td_stop_check(&d, "on SIGTERM");
 }
 
-static void test_health_info(void)
+static const char *const health_info_args[] = {"--max-rows",  "777", "--max-batch-rows",     "333", "--max-queue", "55",  "--max-inflight-bytes", "123456789", NULL};
+
+static void test_health_info(td_daemon *d, lnorm_rng *g)
 {
-    static const char *const args[] = {"--max-rows",  "777", "--max-batch-rows",     "333",
-                                       "--max-queue", "55",  "--max-inflight-bytes", "123456789", NULL};
-    td_daemon d;
-    if (start(&d, args) != 0)
-        return;
+    (void)g;
     nng_socket s;
-    if (ts_dial(&s, d.ipc_url) != 0)
+    if (ts_dial(&s, d->ipc_url) != 0)
         return;
     Lnorm__V1__Request req = LNORM__V1__REQUEST__INIT;
     Lnorm__V1__HealthRequest hr = LNORM__V1__HEALTH_REQUEST__INIT;
@@ -812,32 +754,33 @@ static void test_health_info(void)
     code_free(r);
     /* The ipc socket is not world-writable. */
     struct stat sb;
-    CHECK(stat(d.ipc_url + 6, &sb) == 0 && S_ISSOCK(sb.st_mode) && !(sb.st_mode & 0002),
+    CHECK(stat(d->ipc_url + 6, &sb) == 0 && S_ISSOCK(sb.st_mode) && !(sb.st_mode & 0002),
              "ipc socket mode %o", (unsigned)sb.st_mode);
     /* HTTP endpoints. */
     int st = 0;
-    char *b = td_http_get(&d, "/healthz", &st);
+    char *b = td_http_get(d, "/healthz", &st);
     CHECK(b && st == 200, "/healthz %d", st);
     free(b);
-    b = td_http_get(&d, "/readyz", &st);
+    b = td_http_get(d, "/readyz", &st);
     CHECK(b && st == 200, "/readyz %d", st);
     free(b);
-    b = td_http_get(&d, "/metrics", &st);
+    b = td_http_get(d, "/metrics", &st);
     CHECK(b && st == 200 && strstr(b, "# TYPE lnormd_batch_requests histogram") && strstr(b, "lnormd_batches_total ") &&
                  strstr(b, "lnormd_requests_total{status=\"OK\"} 2"),
              "/metrics content");
     free(b);
-    b = td_http_get(&d, "/nope", &st);
+    b = td_http_get(d, "/nope", &st);
     CHECK(st == 404, "unknown path: %d", st);
     free(b);
     nng_close(s);
-    td_stop_check(&d, "on SIGTERM");
 }
 
 /* ------------------------------------------------------------------ */
 
-static void test_config(void)
+static void test_config(td_daemon *none, lnorm_rng *g)
 {
+    (void)none;
+    (void)g;
     char out[16384];
     static const char *const help[] = {"--help", NULL};
     CHECK(td_run(lnormd, help, out, sizeof out) == 0 && strstr(out, "--max-batch-rows") && strstr(out, "--tls-cert"),
@@ -935,8 +878,9 @@ static void test_config(void)
 /* tls+tcp:// with a server certificate, then with client verification. */
 static const char *gen_certs;
 
-static void test_tls(void)
+static void test_tls(td_daemon *none, lnorm_rng *g)
 {
+    (void)none;
     char dir[256];
     if (!gen_certs || td_tmpdir(dir, sizeof dir, "tls") != 0) {
         CHECK_FAIL("no certificate script or no temporary folder");
@@ -956,8 +900,6 @@ static void test_tls(void)
     snprintf(ckey, sizeof ckey, "%s/client.key", dir);
     snprintf(rcrt, sizeof rcrt, "%s/rogue.crt", dir);
     snprintf(rkey, sizeof rkey, "%s/rogue.key", dir);
-    lnorm_rng g;
-    lnorm_rng_seed(&g, lnorm_test_seed(29));
     for (int verify = 0; verify <= 1; verify++) {
         const char *args[] = {"--listen", "tls+tcp://127.0.0.1:0", "--tls-cert", scrt, "--tls-key", skey,
                               verify ? "--tls-ca" : NULL, ca, "--tls-verify-peer", NULL};
@@ -967,7 +909,7 @@ static void test_tls(void)
         CHECK(d.tls_url[0], "no tls+tcp:// listener in the ready file");
         nng_socket s;
         if (ts_dial_tls(&s, d.tls_url, ca, verify ? ccrt : NULL, verify ? ckey : NULL, 20000) == 0) {
-            valid_roundtrip(s, &g, verify ? "tls with client cert" : "tls");
+            valid_roundtrip(s, g, verify ? "tls with client cert" : "tls");
             nng_close(s);
         } else {
             CHECK_FAIL("tls dial (verify %d)", verify);
@@ -978,7 +920,7 @@ static void test_tls(void)
                 nng_socket bad;
                 if (ts_dial_tls(&bad, d.tls_url, ca, k ? rcrt : NULL, k ? rkey : NULL, 1500) == 0) {
                     lnorm_test_case tc;
-                    random_case(&tc, &g);
+                    random_case(&tc, g);
                     ts_norm m;
                     ts_norm_from_case(&m, &tc, 1, 1);
                     Lnorm__V1__Response *r = ts_call(bad, &m.req);
@@ -998,8 +940,10 @@ static void test_tls(void)
  * documented default uncommented it is a valid config file. */
 static const char *deploy_conf;
 
-static void test_deploy_conf(void)
+static void test_deploy_conf(td_daemon *none, lnorm_rng *g)
 {
+    (void)none;
+    (void)g;
     char help[16384];
     static const char *const hargs[] = {"--help", NULL};
     FILE *f = deploy_conf ? fopen(deploy_conf, "r") : NULL;
@@ -1060,22 +1004,47 @@ int main(int argc, char **argv)
     }
     lnormd = argv[1];
     td_watchdog(120);
+    /* daemon 1: main starts lnormd with args before the test and stops it
+     * after (exit status 0 checked); 0: the test runs its own. seed: its
+     * data's (0: none). */
     static const struct {
         const char *name;
-        void (*fn)(void);
+        void (*fn)(td_daemon *d, lnorm_rng *g);
+        const char *const *args;
+        int daemon;
+        uint64_t seed;
     } tests[] = {
-        {"normalize", test_normalize}, {"batching", test_batching},     {"invariance", test_invariance},
-        {"malformed", test_malformed}, {"deadline", test_deadline},     {"queue_full", test_queue_full},
-        {"sigterm", test_sigterm},     {"params", test_params},         {"params_drop_inflight", test_params_drop_inflight},
-        {"health_info", test_health_info}, {"config", test_config}, {"tls", test_tls}, {"inflight_bytes", test_inflight_bytes}, {"contexts", test_contexts}, {"deploy_conf", test_deploy_conf},
+        {"normalize", test_normalize, NULL, 1, 1},
+        {"batching", test_batching, batching_args, 1, 42},
+        {"invariance", test_invariance, NULL, 0, 7},
+        {"malformed", test_malformed, malformed_args, 1, 3},
+        {"deadline", test_deadline, deadline_args, 1, 11},
+        {"queue_full", test_queue_full, queue_full_args, 1, 13},
+        {"contexts", test_contexts, contexts_args, 1, 37},
+        {"inflight_bytes", test_inflight_bytes, inflight_bytes_args, 1, 31},
+        {"sigterm", test_sigterm, sigterm_args, 1, 17},
+        {"params", test_params, params_args, 1, 19},
+        {"params_drop_inflight", test_params_drop_inflight, params_drop_inflight_args, 1, 23},
+        {"health_info", test_health_info, health_info_args, 1, 0},
+        {"config", test_config, NULL, 0, 0},
+        {"tls", test_tls, NULL, 0, 29},
+        {"deploy_conf", test_deploy_conf, NULL, 0, 0},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        if (!strcmp(argv[2], tests[i].name)) {
-            tests[i].fn();
-            char name[64];
-            snprintf(name, sizeof name, "server.%s", argv[2]);
-            return check_finish(name);
+        if (strcmp(argv[2], tests[i].name))
+            continue;
+        lnorm_rng g;
+        lnorm_rng_seed(&g, tests[i].seed ? lnorm_test_seed(tests[i].seed) : 0);
+        td_daemon d;
+        if (!tests[i].daemon) {
+            tests[i].fn(NULL, &g);
+        } else if (start(&d, tests[i].args) == 0) {
+            tests[i].fn(&d, &g);
+            td_stop_check(&d, "on SIGTERM");
         }
+        char name[64];
+        snprintf(name, sizeof name, "server.%s", argv[2]);
+        return check_finish(name);
     }
     fprintf(stderr, "unknown test %s\n", argv[2]);
     return 2;
