@@ -207,7 +207,7 @@ static void round_half_frame(void)
                 uint8_t hdr[8] = {0, 0, 1, 0, 0, 0, 0, 0}; /* 2^40 */
                 fw_write_all(fd, hdr, sizeof hdr);
                 CHECK(closed_by_server(fd, 5000),
-                         "server kept a connection announcing a 2^40-byte message");
+                      "server kept a connection announcing a 2^40-byte message");
             }
             close(fd);
         }
@@ -310,7 +310,7 @@ static int progress_during(fl_load *l, long before, const char *what)
     fl_stats st;
     fl_peek(l, &st);
     CHECK(st.ok > before, "good clients made no progress during %s (ok stayed %ld)", what,
-             before);
+          before);
     return (int)(st.ok - before);
 }
 
@@ -417,9 +417,9 @@ int main(int argc, char **argv)
     if (allow < 16 * 1024)
         allow = 16 * 1024;
     CHECK(last2 > 0 && last2 - prev_max <= allow,
-             "RSS in the last two rounds %ld and %ld KiB, the lower %ld KiB over the earlier rounds' highest "
-             "%ld KiB (allowed %ld)",
-             rss[rounds - 2], rss[rounds - 1], last2 - prev_max, prev_max, allow);
+          "RSS in the last two rounds %ld and %ld KiB, the lower %ld KiB over the earlier rounds' highest "
+          "%ld KiB (allowed %ld)",
+          rss[rounds - 2], rss[rounds - 1], last2 - prev_max, prev_max, allow);
     long maxrss = 0;
     for (int i = 0; i < rounds; i++)
         maxrss = rss[i] > maxrss ? rss[i] : maxrss;

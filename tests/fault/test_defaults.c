@@ -128,7 +128,7 @@ static int check_listeners(pid_t pid, const char *file, const unsigned long *ino
         int loop6 = !strcmp(local, "00000000000000000000000001000000");
         printf("defaults: lnormd listens on %s %s port %u\n", file, local, port);
         CHECK(loop4 || loop6, "lnormd listens on non-loopback address %s (%s) port %u", local,
-                 file, port);
+              file, port);
     }
     fclose(f);
     return count;
@@ -143,7 +143,7 @@ static void check_ipc_mode(const char *path)
     printf("defaults: %s mode %04o\n", path, (unsigned)(sb.st_mode & 07777));
     CHECK(S_ISSOCK(sb.st_mode), "%s is not a socket", path);
     CHECK((sb.st_mode & S_IWOTH) == 0, "%s is world-writable (mode %04o)", path,
-             (unsigned)(sb.st_mode & 07777));
+          (unsigned)(sb.st_mode & 07777));
 }
 
 static void check_health(const char *url)
@@ -158,7 +158,7 @@ static void check_health(const char *url)
     Lnorm__V1__Response *r = NULL;
     int rv = fw_req_call(s, b, len, &r);
     CHECK(rv == 0 && r->health && r->health->serving, "no Health on %s: %s", url,
-             rv ? nng_strerror(rv) : "not serving");
+          rv ? nng_strerror(rv) : "not serving");
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
     free(b);
@@ -200,7 +200,7 @@ int main(int argc, char **argv)
         if (!strncmp(d.listen[i], "tcp://", 6)) {
             ntcp++;
             CHECK(!strncmp(d.listen[i], "tcp://127.0.0.1:", 16), "default listener %s is not loopback",
-                     d.listen[i]);
+                  d.listen[i]);
         } else if (!strncmp(d.listen[i], "ipc://", 6)) {
             nipc++;
             check_ipc_mode(d.listen[i] + 6);
@@ -209,10 +209,10 @@ int main(int argc, char **argv)
         }
     }
     CHECK(ntcp == 1 && nipc == 1, "expected one tcp and one ipc default listener, got %d and %d",
-             ntcp, nipc);
+          ntcp, nipc);
     printf("defaults: ready file: http %s\n", d.http);
     CHECK(d.http[0] == 0 || !strncmp(d.http, "127.0.0.1:", 10), "default http endpoint %s is not loopback",
-             d.http);
+          d.http);
     unsigned long inos[256];
     int n = socket_inodes(d.pid, inos, 256);
     int listening = check_listeners(d.pid, "tcp", inos, n) + check_listeners(d.pid, "tcp6", inos, n);
@@ -247,7 +247,7 @@ int main(int argc, char **argv)
         printf("defaults: unsafe TLS setup %zu: %s (wait status %d)\n", i,
                rc == 0 ? "SERVED" : "refused", st);
         CHECK(rc != 0 && st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 2,
-                 "lnormd started (or did not exit 2) with unsafe TLS setup %zu", i);
+              "lnormd started (or did not exit 2) with unsafe TLS setup %zu", i);
     }
     return check_finish("fault.loopback_defaults");
 }

@@ -74,7 +74,7 @@ static void expect_serving(nng_socket s, const char *after)
     int rv = call(s, buf, len, &r);
     char why[200] = "";
     CHECK(rv == 0 && fw_check_norm(r, LNORM__V1__OP__OP_LAYER_NORM, 4, 64, x, why, sizeof why) == 0,
-             "no correct normalize after %s: %s", after, rv ? nng_strerror(rv) : why);
+          "no correct normalize after %s: %s", after, rv ? nng_strerror(rv) : why);
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
     free(buf);
@@ -172,8 +172,8 @@ static void check_transport_limit(nng_socket good, const char *self)
         waitpid(pid, &st, 0);
     }
     CHECK(done && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-             "over-size message: helper %s (status %d; 1 = it got a reply)",
-             done ? "failed" : "stuck for 30 s", done && WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+          "over-size message: helper %s (status %d; 1 = it got a reply)",
+          done ? "failed" : "stuck for 30 s", done && WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     expect_serving(good, "an over-size message");
 }
 
@@ -197,7 +197,7 @@ static void check_params_limit(nng_socket s)
     printf("limits: %d RegisterParams of 1 KiB accepted before RESOURCE_EXHAUSTED (%s)\n", ok,
            exhausted ? msg : "never");
     CHECK(exhausted && ok >= 1 && ok <= 4, "params memory limit 4096: %d accepted, exhausted %d",
-             ok, exhausted);
+          ok, exhausted);
     uint8_t *buf = pack_drop(40, "lim.p0", &len);
     int code = status_of(s, buf, len, 40, msg, sizeof msg);
     free(buf);
@@ -282,7 +282,7 @@ static void check_concurrency_limit(const char *url, uint64_t rows, uint64_t hid
     printf("limits: %s: %d waves of %d: %ld ok, %ld RESOURCE_EXHAUSTED, %ld other\n", label, waves,
            WAVE, ok, full, other);
     CHECK(full > 0, "%s: no RESOURCE_EXHAUSTED in %d waves of %d concurrent requests", label, waves,
-             WAVE);
+          WAVE);
     CHECK(other == 0, "%ld replies neither OK-and-correct nor RESOURCE_EXHAUSTED", other);
     CHECK(ok > 0, "no request got through");
     for (int i = 0; i < WAVE; i++) {
@@ -338,8 +338,8 @@ int main(int argc, char **argv)
     Lnorm__V1__Response *r = NULL;
     int rv = call(s, hb, len, &r);
     CHECK(rv == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_HEALTH && r->health &&
-                 r->health->serving,
-             "Health after the limits: %s", rv ? nng_strerror(rv) : "not serving");
+              r->health->serving,
+          "Health after the limits: %s", rv ? nng_strerror(rv) : "not serving");
     if (r)
         lnorm__v1__response__free_unpacked(r, NULL);
     free(hb);

@@ -360,10 +360,10 @@ int main(int argc, char **argv)
      * connection, "requests on a dropped connection are still resent
      * elsewhere". Hold the library to it. */
     CHECK(b.st.failed == 0,
-             "liblnorm (default options): a request on the killed connection failed instead of "
-             "being resent, contrary to lnorm.h's resend_ms contract");
+          "liblnorm (default options): a request on the killed connection failed instead of "
+          "being resent, contrary to lnorm.h's resend_ms contract");
     CHECK(a.ok_after_restart > 0 && b.st.ok_after_restart > 0 && c.st.ok_after_restart > 0,
-             "a client made no progress after the restart");
+          "a client made no progress after the restart");
     if (started)
         td_stop_check(&d, "restarted, on SIGTERM");
     return check_finish("fault.kill9_restart");

@@ -109,8 +109,8 @@ int main(int argc, char **argv)
 #else
     long slack_kb = rss_warm / 20 > 1024 ? rss_warm / 20 : 1024;
     CHECK(rss_warm > 0 && rss_end - rss_warm < slack_kb,
-             "RSS grew %.2f%% after warm-up (%ld -> %ld KiB; allowed %ld KiB)", growth, rss_warm, rss_end,
-             slack_kb);
+          "RSS grew %.2f%% after warm-up (%ld -> %ld KiB; allowed %ld KiB)", growth, rss_warm, rss_end,
+          slack_kb);
 #endif
     int st = td_stop(&d, SIGTERM, 20000);
     td_check_exit0(&d, st, "on SIGTERM after the soak");

@@ -93,7 +93,7 @@ int main(void)
             long f = quiet_check(&tc.seg);
             if (b == OK_NAIVE)
                 CHECK(f == 0, "H=%lld: %s rejected (%ld mismatches): tolerance too tight", (long long)H,
-                       bug_names[b], f);
+                      bug_names[b], f);
             else
                 CHECK(f > 0, "H=%lld: %s passed the checker: tolerance too loose", (long long)H, bug_names[b]);
             printf("H=%lld %-24s -> %ld mismatches\n", (long long)H, bug_names[b], f);

@@ -185,7 +185,7 @@ static void t_shared_params(lnorm_cpu *cpu, lnorm_rng *g)
         }
         CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
         CHECK(lnorm_test_check_segment(&tc.seg, NULL, "shared params") == 0, "shared gamma/beta (%s)",
-               lnorm_dtype_name(dts[i]));
+              lnorm_dtype_name(dts[i]));
         lnorm_test_case_free(&tc);
     }
 }
@@ -212,7 +212,7 @@ static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
             lnorm_test_set(tc.x, dts[i], (size_t)(4 * H + H - 1), -INFINITY);
             CHECK(lnorm_cpu_run_segment(cpu, &tc.seg, NULL) == LNORM_OK, "run");
             CHECK(lnorm_test_check_segment(&tc.seg, NULL, "nan/inf") == 0, "NaN/Inf rows vs reference (%s, op %d)",
-                   lnorm_dtype_name(dts[i]), op);
+                  lnorm_dtype_name(dts[i]), op);
             for (int64_t r = 0; r < c.rows; r++) {
                 long nans = 0;
                 for (int64_t k = 0; k < H; k++)
@@ -224,7 +224,7 @@ static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
                     CHECK(nans == H, "row %lld: %ld of %lld NaN", (long long)r, nans, (long long)H);
                 else /* RMSNorm with +-Inf: rstd = 0, finite elements give 0 (beta), the Inf one NaN */
                     CHECK(nans == 1 && tc.rstd[r] == 0.0f, "rms inf row %lld: %ld NaN, rstd %g", (long long)r,
-                           nans, tc.rstd[r]);
+                          nans, tc.rstd[r]);
             }
             lnorm_test_case_free(&tc);
         }
@@ -482,7 +482,7 @@ static void t_in_place(lnorm_cpu *cpu, lnorm_rng *g)
                     lnorm_segment chk = s;
                     chk.x = xcopy;
                     CHECK(lnorm_test_check(&chk, yref, mr, rr, ro, NULL, "in place") == 0,
-                           "in-place %s residual=%d", lnorm_dtype_name(dts[i]), res);
+                          "in-place %s residual=%d", lnorm_dtype_name(dts[i]), res);
                 }
                 free(xcopy);
             }

@@ -85,7 +85,7 @@ static void test_normalize(td_daemon *d, lnorm_rng *g)
                     CHECK(ts_check_reply(&tc, r, label) == 0, "%s", label);
                     CHECK(r && r->request_id == (uint64_t)(1000 + n), "request_id echoed");
                     CHECK(r && r->timings && r->timings->batch_rows >= 3 && r->timings->batch_requests >= 1,
-                             "timings filled");
+                          "timings filled");
                     if (r)
                         lnorm__v1__response__free_unpacked(r, NULL);
                     lnorm_test_case_free(&tc);
@@ -271,12 +271,12 @@ static void test_invariance(td_daemon *none, lnorm_rng *g)
         const Lnorm__V1__NormalizeResponse *x = a[i].resp->normalize, *y = b[i].resp->normalize;
         CHECK(x->y.len == y->y.len && !memcmp(x->y.data, y->y.data, x->y.len), "case %d: y differs", i);
         CHECK(x->rstd.len == y->rstd.len && (!x->rstd.len || !memcmp(x->rstd.data, y->rstd.data, x->rstd.len)),
-                 "case %d: rstd differs", i);
+              "case %d: rstd differs", i);
         CHECK(x->mean.len == y->mean.len && (!x->mean.len || !memcmp(x->mean.data, y->mean.data, x->mean.len)),
-                 "case %d: mean differs", i);
+              "case %d: mean differs", i);
         CHECK(x->residual_out.len == y->residual_out.len &&
-                     (!x->residual_out.len || !memcmp(x->residual_out.data, y->residual_out.data, x->residual_out.len)),
-                 "case %d: residual_out differs", i);
+                  (!x->residual_out.len || !memcmp(x->residual_out.data, y->residual_out.data, x->residual_out.len)),
+              "case %d: residual_out differs", i);
     }
     CHECK(shared >= N / 2, "only %d of %d requests shared a batch", shared, N);
     for (int i = 0; i < N; i++)
@@ -480,7 +480,7 @@ static void test_deadline(td_daemon *d, lnorm_rng *g)
     for (int i = 0; i < N; i++) {
         if (i < 2) {
             CHECK(ws[i].resp && ts_code(ws[i].resp) == 4 && ws[i].resp->body_case == 0,
-                     "request %d: status %d (%s), want DEADLINE_EXCEEDED", i, ts_code(ws[i].resp), ts_msg(ws[i].resp));
+                  "request %d: status %d (%s), want DEADLINE_EXCEEDED", i, ts_code(ws[i].resp), ts_msg(ws[i].resp));
         } else {
             check_workers(&ws[i], 1, "request with time left");
         }
@@ -632,11 +632,11 @@ static void test_params(td_daemon *d, lnorm_rng *g)
     size_t pb = 1000 * 4;
     CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 0, "register");
     CHECK(code_free(reg(s, "layer.0:ln-1", LNORM_DTYPE_F32, 1000, tc.gamma, pb, tc.beta, pb)) == 6,
-             "re-register: ALREADY_EXISTS");
+          "re-register: ALREADY_EXISTS");
     static uint8_t big[8000];
     lnorm_test_fill(g, big, LNORM_DTYPE_F32, 2000, 1, 0.1);
     CHECK(code_free(reg(s, "big", LNORM_DTYPE_F32, 2000, big, 8000, big, 8000)) == 8,
-             "over max-params-bytes: RESOURCE_EXHAUSTED");
+          "over max-params-bytes: RESOURCE_EXHAUSTED");
     CHECK(code_free(reg(s, "bad", LNORM_DTYPE_F32, 1000, tc.gamma, 12, NULL, 0)) == 3, "bad gamma size");
     CHECK(code_free(reg(s, "", LNORM_DTYPE_F32, 1000, tc.gamma, pb, NULL, 0)) == 3, "empty id");
     CHECK(code_free(reg(s, "x", 5, 1000, tc.gamma, pb, NULL, 0)) == 3, "unknown dtype");
@@ -653,8 +653,8 @@ static void test_params(td_daemon *d, lnorm_rng *g)
     CHECK(ts_check_reply(&tc, r1, "by params id") == 0, "by id");
     CHECK(ts_check_reply(&tc, r2, "inline params") == 0, "inline");
     CHECK(r1 && r2 && r1->normalize && r2->normalize && r1->normalize->y.len == r2->normalize->y.len &&
-                 !memcmp(r1->normalize->y.data, r2->normalize->y.data, r1->normalize->y.len),
-             "by id and inline agree");
+              !memcmp(r1->normalize->y.data, r2->normalize->y.data, r1->normalize->y.len),
+          "by id and inline agree");
     code_free(r1);
     code_free(r2);
     /* Wrong hidden for the id. */
@@ -733,8 +733,8 @@ static void test_health_info(td_daemon *d, lnorm_rng *g)
     req.health = &hr;
     Lnorm__V1__Response *r = ts_call(s, &req);
     CHECK(r && ts_code(r) == 0 && r->body_case == LNORM__V1__RESPONSE__BODY_HEALTH && r->health->serving &&
-                 r->request_id == 5,
-             "health");
+              r->request_id == 5,
+          "health");
     code_free(r);
     Lnorm__V1__InfoRequest ir = LNORM__V1__INFO_REQUEST__INIT;
     req.request_id = 6;
@@ -748,14 +748,14 @@ static void test_health_info(td_daemon *d, lnorm_rng *g)
         CHECK(in->n_backends >= 1 && !strcmp(in->backends[0], "cpu"), "backends (no GPU here: cpu)");
         CHECK(in->n_devices >= 1 && !strcmp(in->devices[0]->backend, "cpu"), "devices");
         CHECK(in->limits && in->limits->max_rows == 777 && in->limits->max_batch_rows == 333 &&
-                     in->limits->max_queue_requests == 55 && in->limits->max_inflight_bytes == 123456789,
-                 "limits as configured");
+                  in->limits->max_queue_requests == 55 && in->limits->max_inflight_bytes == 123456789,
+              "limits as configured");
     }
     code_free(r);
     /* The ipc socket is not world-writable. */
     struct stat sb;
     CHECK(stat(d->ipc_url + 6, &sb) == 0 && S_ISSOCK(sb.st_mode) && !(sb.st_mode & 0002),
-             "ipc socket mode %o", (unsigned)sb.st_mode);
+          "ipc socket mode %o", (unsigned)sb.st_mode);
     /* HTTP endpoints. */
     int st = 0;
     char *b = td_http_get(d, "/healthz", &st);
@@ -766,8 +766,8 @@ static void test_health_info(td_daemon *d, lnorm_rng *g)
     free(b);
     b = td_http_get(d, "/metrics", &st);
     CHECK(b && st == 200 && strstr(b, "# TYPE lnormd_batch_requests histogram") && strstr(b, "lnormd_batches_total ") &&
-                 strstr(b, "lnormd_requests_total{status=\"OK\"} 2"),
-             "/metrics content");
+              strstr(b, "lnormd_requests_total{status=\"OK\"} 2"),
+          "/metrics content");
     free(b);
     b = td_http_get(d, "/nope", &st);
     CHECK(st == 404, "unknown path: %d", st);
@@ -784,7 +784,7 @@ static void test_config(td_daemon *none, lnorm_rng *g)
     char out[16384];
     static const char *const help[] = {"--help", NULL};
     CHECK(td_run(lnormd, help, out, sizeof out) == 0 && strstr(out, "--max-batch-rows") && strstr(out, "--tls-cert"),
-             "--help");
+          "--help");
     static const char *const ver[] = {"--version", NULL};
     CHECK(td_run(lnormd, ver, out, sizeof out) == 0 && strstr(out, "lnormd "), "--version");
     static const char *const bad[][6] = {
@@ -805,7 +805,7 @@ static void test_config(td_daemon *none, lnorm_rng *g)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = td_run(lnormd, bad[i], out, sizeof out);
         CHECK(rc == 2 && strlen(out) > 0, "bad config %zu (%s %s): exit %d, output '%s'", i, bad[i][0],
-                 bad[i][1] ? bad[i][1] : "", rc, out);
+              bad[i][1] ? bad[i][1] : "", rc, out);
     }
     /* A config file: bad key / bad value exit 2; a good one is used, flags win. */
     char dir[256], path[300];
@@ -846,8 +846,8 @@ static void test_config(td_daemon *none, lnorm_rng *g)
             req.info = &ir;
             Lnorm__V1__Response *r = ts_call(s, &req);
             CHECK(r && r->body_case == LNORM__V1__RESPONSE__BODY_INFO && r->info->limits->max_rows == 20 &&
-                         r->info->limits->max_hidden == 2048 && r->info->limits->max_batch_rows == 16,
-                     "file + flag override (020 read as twenty)");
+                      r->info->limits->max_hidden == 2048 && r->info->limits->max_batch_rows == 16,
+                  "file + flag override (020 read as twenty)");
             code_free(r);
             /* SIGHUP with the file changed: the daemon keeps serving. */
             f = fopen(path, "w");

@@ -119,13 +119,13 @@ int main(int argc, char **argv)
         char plain[512];
         snprintf(plain, sizeof plain, "tcp://%s", url + strlen("tls+tcp://"));
         CHECK(try_client(url, pki("ca.crt"), NULL, "server auth, client trusts the CA") == LNORM_OK,
-                 "a client trusting the CA got no correct result");
+              "a client trusting the CA got no correct result");
         CHECK(try_client(url, pki("rogue-ca.crt"), NULL, "client trusts only the rogue CA") != LNORM_OK,
-                 "a client that does not trust the server's CA got a result");
+              "a client that does not trust the server's CA got a result");
         CHECK(try_client(plain, NULL, NULL, "plain tcp:// to the TLS port") != LNORM_OK,
-                 "plain TCP on the TLS port got a result");
+              "plain TCP on the TLS port got a result");
         CHECK(try_client(url, pki("ca.crt"), NULL, "server auth, again") == LNORM_OK,
-                 "the good client failed after the bad ones");
+              "the good client failed after the bad ones");
     }
     td_stop_check(&d, "(server auth) on SIGTERM");
 
@@ -136,14 +136,14 @@ int main(int argc, char **argv)
     CHECK(url != NULL, "no tls+tcp listen line");
     if (url) {
         CHECK(try_client(url, pki("ca.crt"), pki("client.pem"), "mTLS, CA-signed client cert") ==
-                     LNORM_OK,
-                 "a client with a valid certificate got no correct result");
+                  LNORM_OK,
+              "a client with a valid certificate got no correct result");
         CHECK(try_client(url, pki("ca.crt"), NULL, "mTLS, no client cert") != LNORM_OK,
-                 "a client without a certificate was served");
+              "a client without a certificate was served");
         CHECK(try_client(url, pki("ca.crt"), pki("rogue.pem"), "mTLS, rogue client cert") != LNORM_OK,
-                 "a client with a certificate from another CA was served");
+              "a client with a certificate from another CA was served");
         CHECK(try_client(url, pki("ca.crt"), pki("client.pem"), "mTLS, valid cert again") == LNORM_OK,
-                 "the good client failed after the refused ones");
+              "the good client failed after the refused ones");
     }
     td_stop_check(&m, "(mTLS) on SIGTERM");
     return check_finish("tls.server_and_client_certs");
