@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "backend_cuda.h"
 #include "testcase.h"
 #include "testutil.h"
@@ -105,7 +106,7 @@ static long test_random_jobs(void)
     pthread_mutex_unlock(&g_mu);
     int rc = lnorm__backend_cuda_create(&be, NULL, 1 << 20, 3); /* 1 MiB slots: some batches overflow */
     if (rc != LNORM_OK) {
-        fprintf(stderr, "FAIL: lnorm__backend_cuda_create: %s (this test needs a GPU)\n", lnorm_errname(rc));
+        CHECK_FAIL("lnorm__backend_cuda_create: %s (this test needs a GPU)", lnorm_errname(rc));
         return 1;
     }
     lnorm__device_info info[16];
@@ -117,7 +118,7 @@ static long test_random_jobs(void)
     lnorm_rng g;
     lnorm_rng_seed(&g, 0xbac4e11du);
     tjob *jobs = calloc(NJOBS, sizeof *jobs);
-    long fails = 0;
+    const int f0 = check_failures();
     for (int j = 0; j < NJOBS; j++) {
         tjob *t = &jobs[j];
         t->nsegs = 1 + (int)(lnorm_rng_next(&g) % RAND_MAXSEG);
@@ -138,7 +139,7 @@ static long test_random_jobs(void)
             c.x_mean = 0.5;
             c.x_spread = 1.5;
             if (lnorm_test_case_make(&t->tc[i], &c, &g) != LNORM_OK) {
-                fprintf(stderr, "FAIL: out of memory\n");
+                CHECK_FAIL("out of memory");
                 return 1;
             }
             lnorm_test_case *tc = &t->tc[i];
@@ -164,11 +165,10 @@ static long test_random_jobs(void)
     for (int j = 0; j < NJOBS; j++) {
         rc = be->ops->submit(be, &jobs[j].job);
         if (rc != LNORM_OK) {
-            fprintf(stderr, "FAIL: submit %d: %s\n", j, lnorm_errname(rc));
+            CHECK_FAIL("submit %d: %s", j, lnorm_errname(rc));
             pthread_mutex_lock(&g_mu);
             g_done++; /* never to be called */
             pthread_mutex_unlock(&g_mu);
-            fails++;
         }
     }
     struct timespec dl;
@@ -181,7 +181,7 @@ static long test_random_jobs(void)
     int finished = g_done;
     pthread_mutex_unlock(&g_mu);
     if (finished < NJOBS) {
-        fprintf(stderr, "FAIL: only %d of %d jobs finished in 120 s\n", finished, NJOBS);
+        CHECK_FAIL("only %d of %d jobs finished in 120 s", finished, NJOBS);
         return 1;
     }
     {
@@ -191,8 +191,7 @@ static long test_random_jobs(void)
         be->ops->buf_free(be, a);
         void *b = be->ops->buf_alloc(be, 12000);
         if (a != b) {
-            fprintf(stderr, "FAIL: freed pinned block not reused (%p vs %p)\n", a, b);
-            fails++;
+            CHECK_FAIL("freed pinned block not reused (%p vs %p)", a, b);
         }
         be->ops->buf_free(be, b);
     }
@@ -202,19 +201,16 @@ static long test_random_jobs(void)
     for (int j = 0; j < NJOBS; j++) {
         tjob *t = &jobs[j];
         if (t->done_calls != 1) {
-            fprintf(stderr, "FAIL job %d: done called %d times\n", j, t->done_calls);
-            fails++;
+            CHECK_FAIL("job %d: done called %d times", j, t->done_calls);
         }
         if (t->bad) {
             if (t->err != LNORM_EINVAL) {
-                fprintf(stderr, "FAIL job %d: invalid segment finished with %s\n", j, lnorm_errname(t->err));
-                fails++;
+                CHECK_FAIL("job %d: invalid segment finished with %s", j, lnorm_errname(t->err));
             }
             continue;
         }
         if (t->err != LNORM_OK) {
-            fprintf(stderr, "FAIL job %d: %s\n", j, lnorm_errname(t->err));
-            fails++;
+            CHECK_FAIL("job %d: %s", j, lnorm_errname(t->err));
             continue;
         }
         for (int i = 0; i < t->nsegs; i++) {
@@ -228,14 +224,13 @@ static long test_random_jobs(void)
                 memcpy(tc->residual_out, t->segs[i].residual_out, tc->res_bytes);
             bad += lnorm_test_case_pad_writes(tc);
             if (bad) {
-                fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
-                fails++;
+                CHECK_FAIL("%s: %ld mismatches", label, bad);
             }
             checked++;
         }
     }
-    printf("part 1 (random jobs): %s: %d jobs, %d segments checked, %ld failures\n", fails ? "FAIL" : "PASS", NJOBS,
-           checked, fails);
+    printf("part 1 (random jobs): %d jobs, %d segments checked, %d failures\n", NJOBS, checked,
+           check_failures() - f0);
     for (int j = 0; j < NJOBS; j++)
         for (int i = 0; i < jobs[j].nsegs; i++) {
             lnorm_segment *s = &jobs[j].segs[i];
@@ -246,7 +241,7 @@ static long test_random_jobs(void)
             lnorm_test_case_free(&jobs[j].tc[i]);
         }
     free(jobs);
-    return fails;
+    return check_failures() - f0;
 }
 
 
@@ -435,7 +430,7 @@ static void free_mix_job(lnorm__backend *be, tjob *t)
  * and equal to the CPU backend's outputs on the same inputs. */
 static long check_mix_job(tjob *t, lnorm_cpu *cpu, const char *what, int j)
 {
-    long fails = 0;
+    const int f0 = check_failures();
     for (int i = 0; i < t->nsegs; i++) {
         const lnorm_segment *s = &t->segs[i];
         lnorm_test_case *tc = &t->tc[i];
@@ -469,11 +464,10 @@ static long check_mix_job(tjob *t, lnorm_cpu *cpu, const char *what, int j)
             bad += cmp_cpu(s, &c, label);
         }
         if (bad) {
-            fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
-            fails++;
+            CHECK_FAIL("%s: %ld mismatches", label, bad);
         }
     }
-    return fails;
+    return check_failures() - f0;
 }
 
 /* Part 2: NCOPY copies of the mixed batch at once under one setting. */
@@ -484,7 +478,7 @@ static long test_mixed(const char *name, const lnorm__cuda_opts *o, lnorm_cpu *c
     lnorm__backend *be = NULL;
     int rc = lnorm__backend_cuda_create_opts(&be, o);
     if (rc != LNORM_OK) {
-        fprintf(stderr, "FAIL %s: create: %s\n", name, lnorm_errname(rc));
+        CHECK_FAIL("%s: create: %s", name, lnorm_errname(rc));
         return 1;
     }
     char desc[512];
@@ -494,40 +488,37 @@ static long test_mixed(const char *name, const lnorm__cuda_opts *o, lnorm_cpu *c
     g_done = 0;
     pthread_mutex_unlock(&g_mu);
     tjob *jobs = calloc(NCOPY, sizeof *jobs);
-    long fails = 0;
+    const int f0 = check_failures();
     int nmade = 0;
     for (int j = 0; j < NCOPY; j++, nmade++)
         if (make_mix_job(g_pb, &jobs[j], rng) != 0) {
-            fprintf(stderr, "FAIL %s: out of memory building the jobs\n", name);
-            fails++;
+            CHECK_FAIL("%s: out of memory building the jobs", name);
             nmade++;
             goto out;
         }
     for (int j = 0; j < NCOPY; j++) {
         rc = be->ops->submit(be, &jobs[j].job);
         if (rc != LNORM_OK) {
-            fprintf(stderr, "FAIL %s: submit %d: %s\n", name, j, lnorm_errname(rc));
+            CHECK_FAIL("%s: submit %d: %s", name, j, lnorm_errname(rc));
             pthread_mutex_lock(&g_mu);
             g_done++;
             pthread_mutex_unlock(&g_mu);
-            fails++;
         }
     }
     if (wait_done(NCOPY, 120) < NCOPY) {
-        fprintf(stderr, "FAIL %s: jobs did not finish in 120 s\n", name);
-        return fails + 1; /* the backend still holds them: nothing can be freed */
+        CHECK_FAIL("%s: jobs did not finish in 120 s", name);
+        return check_failures() - f0; /* the backend still holds them: nothing can be freed */
     }
     lnorm__backend_counters cn;
     memset(&cn, 0, sizeof cn);
     be->ops->counters(be, &cn);
     for (int j = 0; j < NCOPY; j++) {
         if (jobs[j].done_calls != 1 || jobs[j].err != LNORM_OK) {
-            fprintf(stderr, "FAIL %s job %d: done called %d times, %s\n", name, j, jobs[j].done_calls,
+            CHECK_FAIL("%s job %d: done called %d times, %s", name, j, jobs[j].done_calls,
                     lnorm_errname(jobs[j].err));
-            fails++;
             continue;
         }
-        fails += check_mix_job(&jobs[j], cpu, name, j);
+        check_mix_job(&jobs[j], cpu, name, j);
     }
     printf("%s: staged %llu, direct %llu, oversize batches %llu, errors %llu\n", name,
            (unsigned long long)cn.staged_segments, (unsigned long long)cn.direct_segments,
@@ -536,18 +527,17 @@ static long test_mixed(const char *name, const lnorm__cuda_opts *o, lnorm_cpu *c
         (expect_direct >= 0 && (cn.direct_segments > 0) != (expect_direct > 0)) ||
         (expect_oversize >= 0 && (cn.oversize_batches > 0) != (expect_oversize > 0)) || cn.errors ||
         cn.staged_segments + cn.direct_segments != (uint64_t)NCOPY * NMIX) {
-        fprintf(stderr, "FAIL %s: counters not as expected (staged %s, direct %s, oversize %s, no errors, %d segments)\n",
+        CHECK_FAIL("%s: counters not as expected (staged %s, direct %s, oversize %s, no errors, %d segments)",
                 name, expect_staged ? "> 0" : "0", expect_direct ? "> 0" : "0", expect_oversize ? "> 0" : "0",
                 NCOPY * NMIX);
-        fails++;
     }
 out:
     be->ops->destroy(be);
     for (int j = 0; j < nmade && j < NCOPY; j++)
         free_mix_job(g_pb, &jobs[j]);
     free(jobs);
-    printf("%s: %s\n", name, fails ? "FAIL" : "PASS");
-    return fails;
+    printf("%s: %d failures\n", name, check_failures() - f0);
+    return check_failures() - f0;
 }
 
 /* Part 3: fault_every = 3 over NFAULT jobs submitted one by one. */
@@ -563,7 +553,7 @@ static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
     lnorm__backend *be = NULL;
     int rc = lnorm__backend_cuda_create_opts(&be, &o);
     if (rc != LNORM_OK) {
-        fprintf(stderr, "FAIL %s: create: %s\n", name, lnorm_errname(rc));
+        CHECK_FAIL("%s: create: %s", name, lnorm_errname(rc));
         return 1;
     }
     char desc[512];
@@ -573,12 +563,11 @@ static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
     g_done = 0;
     pthread_mutex_unlock(&g_mu);
     tjob *jobs = calloc(NFAULT, sizeof *jobs);
-    long fails = 0;
+    const int f0 = check_failures();
     int nmade = 0;
     for (int j = 0; j < NFAULT; j++, nmade++)
         if (make_mix_job(g_pb, &jobs[j], rng) != 0) {
-            fprintf(stderr, "FAIL %s: out of memory building the jobs\n", name);
-            fails++;
+            CHECK_FAIL("%s: out of memory building the jobs", name);
             nmade++;
             goto out;
         }
@@ -586,16 +575,15 @@ static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
     for (int j = 0; j < NFAULT; j++) {
         rc = be->ops->submit(be, &jobs[j].job);
         if (rc != LNORM_OK) {
-            fprintf(stderr, "FAIL %s: submit %d: %s\n", name, j, lnorm_errname(rc));
+            CHECK_FAIL("%s: submit %d: %s", name, j, lnorm_errname(rc));
             pthread_mutex_lock(&g_mu);
             g_done++;
             pthread_mutex_unlock(&g_mu);
-            fails++;
         }
     }
     if (wait_done(NFAULT, 120) < NFAULT) {
-        fprintf(stderr, "FAIL %s: jobs did not finish in 120 s\n", name);
-        return fails + 1;
+        CHECK_FAIL("%s: jobs did not finish in 120 s", name);
+        return check_failures() - f0;
     }
     lnorm__backend_counters cn;
     memset(&cn, 0, sizeof cn);
@@ -606,29 +594,27 @@ static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
         faulted += fault;
         int want = fault && !fallback ? LNORM_ECUDA : LNORM_OK;
         if (jobs[j].done_calls != 1 || jobs[j].err != want) {
-            fprintf(stderr, "FAIL %s job %d: done called %d times, %s (want %s)\n", name, j, jobs[j].done_calls,
+            CHECK_FAIL("%s job %d: done called %d times, %s (want %s)", name, j, jobs[j].done_calls,
                     lnorm_errname(jobs[j].err), lnorm_errname(want));
-            fails++;
             continue;
         }
         if (want == LNORM_OK)
-            fails += check_mix_job(&jobs[j], cpu, name, j);
+            check_mix_job(&jobs[j], cpu, name, j);
     }
     printf("%s: errors %llu, CPU fallback batches %llu\n", name, (unsigned long long)cn.errors,
            (unsigned long long)cn.fallback_batches);
     if (cn.errors != (uint64_t)faulted || cn.fallback_batches != (uint64_t)(fallback ? faulted : 0)) {
-        fprintf(stderr, "FAIL %s: counters: errors %llu (want %d), fallback %llu (want %d)\n", name,
+        CHECK_FAIL("%s: counters: errors %llu (want %d), fallback %llu (want %d)", name,
                 (unsigned long long)cn.errors, faulted, (unsigned long long)cn.fallback_batches,
                 fallback ? faulted : 0);
-        fails++;
     }
 out:
     be->ops->destroy(be);
     for (int j = 0; j < nmade && j < NFAULT; j++)
         free_mix_job(g_pb, &jobs[j]);
     free(jobs);
-    printf("%s: %s\n", name, fails ? "FAIL" : "PASS");
-    return fails;
+    printf("%s: %d failures\n", name, check_failures() - f0);
+    return check_failures() - f0;
 }
 
 int main(void)
@@ -637,16 +623,16 @@ int main(void)
     lnorm__backend *pb = NULL;
     int rc = lnorm__backend_cuda_create(&pb, NULL, 1 << 20, 1);
     if (rc != LNORM_OK) {
-        fprintf(stderr, "FAIL: lnorm__backend_cuda_create: %s (this test needs a GPU)\n", lnorm_errname(rc));
-        return 1;
+        CHECK_FAIL("lnorm__backend_cuda_create: %s (this test needs a GPU)", lnorm_errname(rc));
+        return check_finish("test_backend_cuda");
     }
     if (lnorm_cpu_create(&cpu, 0) != LNORM_OK) {
-        fprintf(stderr, "FAIL: lnorm_cpu_create\n");
+        CHECK_FAIL("lnorm_cpu_create");
         pb->ops->destroy(pb);
-        return 1;
+        return check_finish("test_backend_cuda");
     }
     g_pb = pb;
-    long fails = test_random_jobs();
+    test_random_jobs();
 
     /* The shared parameters, pinned. */
     lnorm_rng rng;
@@ -658,8 +644,8 @@ int main(void)
         g_sh_gamma[k] = pb->ops->buf_alloc(pb, n);
         g_sh_beta[k] = pb->ops->buf_alloc(pb, n);
         if (!g_sh_gamma[k] || !g_sh_beta[k]) {
-            fprintf(stderr, "FAIL: out of memory\n");
-            return 1;
+            CHECK_FAIL("out of memory");
+            return check_finish("test_backend_cuda");
         }
         lnorm_test_fill(&rng, g_sh_gamma[k], pdt[k], ph[k], 1.0, 0.5);
         lnorm_test_fill(&rng, g_sh_beta[k], pdt[k], ph[k], 0.0, 0.5);
@@ -671,7 +657,7 @@ int main(void)
     lnorm__cuda_opts_init(&o);
     o.slot_bytes = (size_t)64 << 20;
     o.sync = LNORM__CUDA_SYNC_SPIN;
-    fails += test_mixed("staged+direct/spin", &o, cpu, 1, 1, 0, &rng);
+    test_mixed("staged+direct/spin", &o, cpu, 1, 1, 0, &rng);
     /* Small arenas and slots: some small segments no longer fit the
      * staging arenas (direct), batches exceed the 1 MiB device arena
      * (temporary buffer). Completion: block. */
@@ -679,16 +665,16 @@ int main(void)
     o.slot_bytes = (size_t)1 << 20;
     o.staging_bytes = (size_t)64 << 10;
     o.sync = LNORM__CUDA_SYNC_BLOCK;
-    fails += test_mixed("small-arenas+oversize/block", &o, cpu, 1, 1, 1, &rng);
+    test_mixed("small-arenas+oversize/block", &o, cpu, 1, 1, 1, &rng);
     /* Staging off: every segment direct. Completion: yield. */
     lnorm__cuda_opts_init(&o);
     o.slot_bytes = (size_t)64 << 20;
     o.staging_bytes = 0;
     o.sync = LNORM__CUDA_SYNC_YIELD;
-    fails += test_mixed("no-staging/yield", &o, cpu, 0, 1, 0, &rng);
+    test_mixed("no-staging/yield", &o, cpu, 0, 1, 0, &rng);
 
-    fails += test_faults(0, cpu, &rng);
-    fails += test_faults(1, cpu, &rng);
+    test_faults(0, cpu, &rng);
+    test_faults(1, cpu, &rng);
 
     for (int k = 0; k < 2; k++) {
         pb->ops->buf_free(pb, g_sh_gamma[k]);
@@ -696,6 +682,5 @@ int main(void)
     }
     pb->ops->destroy(pb);
     lnorm_cpu_destroy(cpu);
-    printf("%s: test_backend_cuda, %ld failures\n", fails ? "FAIL" : "PASS", fails);
-    return fails != 0;
+    return check_finish("test_backend_cuda");
 }
