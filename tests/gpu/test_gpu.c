@@ -30,6 +30,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "check.h"
 #include "gpu_case.h"
 #include "lnorm_core.h"
 #include "lnorm_cuda.h"
@@ -44,7 +45,7 @@ static const int64_t tier_h[] = {30, 100, 200, 300, 1500, 3000, 8000, 12000, 200
 static const int64_t big_h[] = {65536, 262144};
 static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
 
-static long g_cases, g_fails, g_cmp_cpu, g_cmp_align;
+static long g_cases, g_cmp_cpu, g_cmp_align;
 static lnorm_cpu *g_cpu;
 
 /* Order-preserving integer of a 16-bit float's bits (for ulp distances). */
@@ -229,21 +230,20 @@ static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_ali
              cfg->residual, cfg->stats, (long long)cfg->hidden, (long long)cfg->rows, (long long)cfg->pad, tdesc);
     g_cases++;
     if (lnorm_test_case_make(&tc, cfg, g) != LNORM_OK) {
-        fprintf(stderr, "FAIL %s: out of memory\n", label);
-        g_fails++;
+        CHECK_FAIL("%s: out of memory", label);
         return;
     }
     long bad = 0;
     const char *why = NULL;
     int err = gpu_run(&tc, 0, &why);
     if (err != LNORM_OK) {
-        fprintf(stderr, "FAIL %s: run returned %s (%s)\n", label, lnorm_errname(err), why ? why : "");
+        CHECK_FAIL("%s: run returned %s (%s)", label, lnorm_errname(err), why ? why : "");
         bad = 1;
     } else {
         bad = lnorm_test_check_segment(&tc.seg, NULL, label);
         long pads = lnorm_test_case_pad_writes(&tc);
         if (pads) {
-            fprintf(stderr, "FAIL %s: %ld bytes written in row padding\n", label, pads);
+            CHECK_FAIL("%s: %ld bytes written in row padding", label, pads);
             bad += pads;
         }
         /* GPU vs CPU on the same inputs. */
@@ -252,7 +252,7 @@ static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_ali
             lnorm_test_case_repoison(&tc);
             int e2 = lnorm_cpu_run_segment(g_cpu, &tc.seg, &why);
             if (e2) {
-                fprintf(stderr, "FAIL %s: cpu run %s\n", label, lnorm_errname(e2));
+                CHECK_FAIL("%s: cpu run %s", label, lnorm_errname(e2));
                 bad++;
             } else {
                 lnorm_test_case cpu = tc; /* CPU outputs now in tc's buffers */
@@ -264,7 +264,7 @@ static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_ali
                 long d = cmp_cpu(&gv, &cpu, label);
                 g_cmp_cpu++;
                 if (d) {
-                    fprintf(stderr, "FAIL %s: %ld gpu/cpu disagreements\n", label, d);
+                    CHECK_FAIL("%s: %ld gpu/cpu disagreements", label, d);
                     bad += d;
                 }
             }
@@ -273,21 +273,20 @@ static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_ali
                 err = gpu_run(&tc, 1, &why);
                 g_cmp_align++;
                 if (err) {
-                    fprintf(stderr, "FAIL %s misaligned: %s (%s)\n", label, lnorm_errname(err), why ? why : "");
+                    CHECK_FAIL("%s misaligned: %s (%s)", label, lnorm_errname(err), why ? why : "");
                     bad++;
                 } else if (!outs_same(&gpu, &tc)) {
-                    fprintf(stderr, "FAIL %s: misaligned run differs from the aligned one\n", label);
+                    CHECK_FAIL("%s: misaligned run differs from the aligned one", label);
                     bad++;
                 }
             }
             outs_free(&gpu);
         } else {
-            bad++;
+            CHECK_FAIL("%s: out of memory", label);
         }
         if (bad)
-            fprintf(stderr, "FAIL %s: %ld mismatches\n", label, bad);
+            CHECK_FAIL("%s: %ld mismatches", label, bad);
     }
-    g_fails += bad != 0;
     lnorm_test_case_free(&tc);
 }
 
@@ -382,17 +381,17 @@ static void fast_vs_general(lnorm_rng *g, int quick)
                         g_cases++;
                         lnorm_test_case tc;
                         if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
-                            fprintf(stderr, "FAIL %s: out of memory\n", label);
-                            g_fails++;
+                            CHECK_FAIL("%s: out of memory", label);
                             continue;
                         }
                         memset(tc.residual, 0, tc.res_bytes);
                         const char *why = NULL;
                         int err = gpu_run(&tc, 0, &why); /* residual: the general kernel */
                         if (err != LNORM_OK)
-                            fprintf(stderr, "FAIL %s: general kernel run %s (%s)\n", label, lnorm_errname(err),
-                                    why ? why : "");
+                            CHECK_FAIL("%s: general kernel run %s (%s)", label, lnorm_errname(err),
+                                       why ? why : "");
                         long bad = err != LNORM_OK || lnorm_test_check_segment(&tc.seg, NULL, label);
+                        CHECK(bad == 0, "%s: the general kernel is wrong", label);
                         outs general;
                         if (!bad && outs_take(&general, &tc) == 0) {
                             lnorm_test_case tf = tc; /* the same buffers, no residual: k_fast */
@@ -402,16 +401,13 @@ static void fast_vs_general(lnorm_rng *g, int quick)
                             tf.residual_out = NULL;
                             err = gpu_run(&tf, 0, &why);
                             if (err != LNORM_OK || !outs_same(&general, &tf)) {
-                                fprintf(stderr, "FAIL %s: k_fast and the general kernel differ (%s)\n", label,
-                                        err ? lnorm_errname(err) : "bits");
-                                bad++;
+                                CHECK_FAIL("%s: k_fast and the general kernel differ (%s)", label,
+                                           err ? lnorm_errname(err) : "bits");
                             }
                             outs_free(&general);
                         } else if (!bad) {
-                            fprintf(stderr, "FAIL %s: out of memory\n", label);
-                            bad++;
+                            CHECK_FAIL("%s: out of memory", label);
                         }
-                        g_fails += bad != 0;
                         lnorm_test_case_free(&tc);
                     }
 }
@@ -437,7 +433,7 @@ static void batch_invariance(lnorm_rng *g)
     lnorm_gpu_case gc[NS];
     outs alone[NS];
     int ok = 1;
-    long fails = 0;
+    const int f0 = check_failures();
     memset(tc, 0, sizeof tc);
     memset(gc, 0, sizeof gc);
     memset(alone, 0, sizeof alone);
@@ -463,9 +459,8 @@ static void batch_invariance(lnorm_rng *g)
     for (int i = 0; i < NS && ok; i++) {
         ok = lnorm_cuda_run_segment(&gc[i].seg, NULL, &why) == LNORM_OK && lnorm_gpu_case_fetch(&gc[i], &tc[i]) == LNORM_OK &&
              outs_take(&alone[i], &tc[i]) == 0;
-        if (ok && lnorm_test_check_segment(&tc[i].seg, NULL, "batch: alone")) {
-            fails++;
-        }
+        if (ok && lnorm_test_check_segment(&tc[i].seg, NULL, "batch: alone"))
+            CHECK_FAIL("batch invariance: segment %d alone is wrong", i);
     }
     lnorm_segment segs[NS];
     for (int order = 0; order < 2 && ok; order++) {
@@ -485,13 +480,11 @@ static void batch_invariance(lnorm_rng *g)
         const long al0 = lnorm_cuda_stat("aligned_launches");
         int err = lnorm_cuda_run(&b, NULL, ws, &why);
         if (err) {
-            fprintf(stderr, "FAIL batch run: %s (%s)\n", lnorm_errname(err), why ? why : "");
-            fails++;
+            CHECK_FAIL("batch run: %s (%s)", lnorm_errname(err), why ? why : "");
             break;
         }
         if (lnorm_cuda_stat("aligned_launches") - al0 < 1) { /* segments 0 and 12 */
-            fprintf(stderr, "FAIL batch run: no launch of the aligned fast form\n");
-            fails++;
+            CHECK_FAIL("batch run: no launch of the aligned fast form");
         }
         for (int i = 0; i < NS; i++) {
             if (lnorm_gpu_case_fetch(&gc[i], &tc[i])) {
@@ -499,19 +492,16 @@ static void batch_invariance(lnorm_rng *g)
                 break;
             }
             if (!outs_same(&alone[i], &tc[i])) {
-                fprintf(stderr, "FAIL batch invariance: segment %d (H=%lld) differs in batch order %d\n", i,
-                        (long long)hs[i], order);
-                fails++;
+                CHECK_FAIL("batch invariance: segment %d (H=%lld) differs in batch order %d", i,
+                           (long long)hs[i], order);
             }
         }
     }
     if (!ok) {
-        fprintf(stderr, "FAIL batch invariance: setup or CUDA failure\n");
-        fails++;
+        CHECK_FAIL("batch invariance: setup or CUDA failure");
     }
     g_cases++;
-    g_fails += fails != 0;
-    printf("batch invariance: %s\n", fails ? "FAIL" : "ok");
+    printf("batch invariance: %s\n", check_failures() > f0 ? "FAIL" : "ok");
     lnorm_cuda_ws_destroy(ws);
     for (int i = 0; i < NS; i++) {
         outs_free(&alone[i]);
@@ -536,7 +526,7 @@ static void bulk_table(lnorm_rng *g)
     lnorm_test_case tc[NS];
     lnorm_gpu_case gc[NS];
     outs alone[NS];
-    long fails = 0;
+    const int f0 = check_failures();
     int ok = 1;
     memset(tc, 0, sizeof tc);
     memset(gc, 0, sizeof gc);
@@ -565,7 +555,7 @@ static void bulk_table(lnorm_rng *g)
         ok = lnorm_cuda_run_segment(&gc[i].seg, NULL, &why) == LNORM_OK && lnorm_gpu_case_fetch(&gc[i], &tc[i]) == LNORM_OK &&
              outs_take(&alone[i], &tc[i]) == 0;
         if (ok && (lnorm_test_check_segment(&tc[i].seg, NULL, label) || lnorm_test_case_pad_writes(&tc[i])))
-            fails++;
+            CHECK_FAIL("%s: wrong", label);
     }
     lnorm_segment segs[NS];
     for (int i = 0; i < NS && ok; i++) {
@@ -581,12 +571,10 @@ static void bulk_table(lnorm_rng *g)
         int err = lnorm_cuda_run(&b, NULL, ws, &why);
         const long ran = lnorm_cuda_stat("bulk_launches") - nb;
         if (err) {
-            fprintf(stderr, "FAIL bulk table: %s (%s)\n", lnorm_errname(err), why ? why : "");
-            fails++;
+            CHECK_FAIL("bulk table: %s (%s)", lnorm_errname(err), why ? why : "");
         } else if (nl != 3 || ran != 3) {
             /* bf16 H <= 32768 (tier 10), f32 H <= 16384 (tier 10), f32 H = 40000 (a cluster tier) */
-            fprintf(stderr, "FAIL bulk table: %d launches, %ld of them bulk; expected 3 bulk launches\n", nl, ran);
-            fails++;
+            CHECK_FAIL("bulk table: %d launches, %ld of them bulk; expected 3 bulk launches", nl, ran);
         }
         for (int i = 0; i < NS && !err; i++) {
             if (lnorm_gpu_case_fetch(&gc[i], &tc[i])) {
@@ -594,19 +582,16 @@ static void bulk_table(lnorm_rng *g)
                 break;
             }
             if (!outs_same(&alone[i], &tc[i]) || lnorm_test_case_pad_writes(&tc[i])) {
-                fprintf(stderr, "FAIL bulk table: segment %d (x=%s H=%lld) differs in the batch\n", i,
-                        lnorm_dtype_name(xs[i]), (long long)hs[i]);
-                fails++;
+                CHECK_FAIL("bulk table: segment %d (x=%s H=%lld) differs in the batch", i,
+                           lnorm_dtype_name(xs[i]), (long long)hs[i]);
             }
         }
     }
     if (!ok) {
-        fprintf(stderr, "FAIL bulk table: setup or CUDA failure\n");
-        fails++;
+        CHECK_FAIL("bulk table: setup or CUDA failure");
     }
     g_cases++;
-    g_fails += fails != 0;
-    printf("bulk table: %s\n", fails ? "FAIL" : "ok");
+    printf("bulk table: %s\n", check_failures() > f0 ? "FAIL" : "ok");
     lnorm_cuda_ws_destroy(ws);
     for (int i = 0; i < NS; i++) {
         outs_free(&alone[i]);
@@ -657,13 +642,13 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                 {"default policy, y misaligned", 1, 0, 0, 0, 1, 0, 1, 1}};
     lnorm_cuda_ws *ws = NULL;
     if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
-        fprintf(stderr, "FAIL bulk pipeline: lnorm_cuda_ws_create\n");
-        g_fails++;
+        CHECK_FAIL("bulk pipeline: lnorm_cuda_ws_create");
         return;
     }
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    long fails = 0, cases = 0, nruns = 0;
+    const int f0 = check_failures();
+    long cases = 0, nruns = 0;
     for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++)
         for (int xi = 0; xi < 3; xi++)
             for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
@@ -704,8 +689,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                              (long long)c.pad, tdesc);
                     lnorm_test_case tc;
                     if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
-                        fprintf(stderr, "FAIL %s: out of memory\n", label);
-                        fails++;
+                        CHECK_FAIL("%s: out of memory", label);
                         continue;
                     }
                     cases++;
@@ -726,8 +710,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                             lnorm_cuda_set_tuning("fast_grid", runs[ri].grid) ||
                             lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned) ||
                             lnorm_cuda_set_tuning("fast_reread", runs[ri].reread)) {
-                            fprintf(stderr, "FAIL %s: lnorm_cuda_set_tuning refused\n", label);
-                            fails++;
+                            CHECK_FAIL("%s: lnorm_cuda_set_tuning refused", label);
                             break;
                         }
                         nruns++;
@@ -737,23 +720,20 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         const long nrr = lnorm_cuda_stat("reread_launches");
                         int err = gpu_run_ws(&tc, runs[ri].ymis ? 2 : 0, runs[ri].dyn ? ws : NULL, &why);
                         if (err) {
-                            fprintf(stderr, "FAIL %s (%s): %s (%s)\n", label, runs[ri].name, lnorm_errname(err),
-                                    why ? why : "");
-                            fails++;
+                            CHECK_FAIL("%s (%s): %s (%s)", label, runs[ri].name, lnorm_errname(err),
+                                       why ? why : "");
                             break;
                         }
                         const long ran = lnorm_cuda_stat("bulk_launches") - nb;
                         const long want = runs[ri].bulk == 2 ? 1 : 0; /* the policy's choice is not checked */
                         const long rran = lnorm_cuda_stat("reread_launches") - nrr;
                         if (runs[ri].reread != 1 && rran != (runs[ri].reread == 2 && trr ? 1 : 0)) {
-                            fprintf(stderr, "FAIL %s (%s): %ld launches of the re-read form, expected %d\n", label,
-                                    runs[ri].name, rran, runs[ri].reread == 2 && trr ? 1 : 0);
-                            fails++;
+                            CHECK_FAIL("%s (%s): %ld launches of the re-read form, expected %d", label,
+                                       runs[ri].name, rran, runs[ri].reread == 2 && trr ? 1 : 0);
                         }
                         if (runs[ri].bulk != 1 && ran != want) {
-                            fprintf(stderr, "FAIL %s (%s): %ld bulk launches, expected %ld\n", label, runs[ri].name,
-                                    ran, want);
-                            fails++;
+                            CHECK_FAIL("%s (%s): %ld bulk launches, expected %ld", label, runs[ri].name,
+                                       ran, want);
                         }
                         /* Tiers of 1024 threads a row (10 and up, not the
                          * streaming one) run the bulk kernel under every
@@ -769,19 +749,16 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                         const long want_dyn = runs[ri].dyn && runs[ri].bulk &&
                                               !(runs[ri].bulk != 2 && trr && runs[ri].aligned && rr_sel);
                         if (dyn != want_dyn) {
-                            fprintf(stderr, "FAIL %s (%s): %ld launches with dynamic tiles, expected %ld\n", label,
-                                    runs[ri].name, dyn, want_dyn);
-                            fails++;
+                            CHECK_FAIL("%s (%s): %ld launches with dynamic tiles, expected %ld", label,
+                                       runs[ri].name, dyn, want_dyn);
                         }
                         if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
-                            fprintf(stderr, "FAIL %s (%s): wrong against the float64 reference\n", label, runs[ri].name);
-                            fails++;
+                            CHECK_FAIL("%s (%s): wrong against the float64 reference", label, runs[ri].name);
                         }
                         if (!have_first) {
                             have_first = outs_take(&first, &tc) == 0;
                         } else if (!outs_same(&first, &tc)) {
-                            fprintf(stderr, "FAIL %s: %s differs from %s\n", label, runs[ri].name, runs[0].name);
-                            fails++;
+                            CHECK_FAIL("%s: %s differs from %s", label, runs[ri].name, runs[0].name);
                         }
                     }
                     if (have_first)
@@ -796,8 +773,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
     lnorm_cuda_set_tuning("fast_reread", 1);
     lnorm_cuda_ws_destroy(ws);
     g_cases += cases;
-    g_fails += fails;
-    printf("bulk pipeline: %ld shapes, %ld runs: %s\n", cases, nruns, fails ? "FAIL" : "ok");
+    printf("bulk pipeline: %ld shapes, %ld runs: %s\n", cases, nruns, check_failures() > f0 ? "FAIL" : "ok");
 }
 
 /* Dynamic tiles over many fills: RMSNorm in clusters of 2 (f32 H = 20000,
@@ -816,10 +792,9 @@ static void dyn_wrap(lnorm_rng *g)
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     lnorm_cuda_ws *ws = NULL;
-    long fails = 0;
+    const int f0 = check_failures();
     if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
-        fprintf(stderr, "FAIL dynamic tiles: lnorm_cuda_ws_create\n");
-        g_fails++;
+        CHECK_FAIL("dynamic tiles: lnorm_cuda_ws_create");
         return;
     }
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
@@ -840,14 +815,12 @@ static void dyn_wrap(lnorm_rng *g)
                  (long long)c.hidden, (long long)c.rows, tdesc);
         int tdyn = 0;
         if (tier_ctas(tdesc, c.op, &tdyn, NULL) != cs[i].cl || !tdyn) {
-            fprintf(stderr, "FAIL %s: not a cluster of %d with dynamic tiles\n", label, cs[i].cl);
-            fails++;
+            CHECK_FAIL("%s: not a cluster of %d with dynamic tiles", label, cs[i].cl);
             continue;
         }
         lnorm_test_case tc;
         if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
-            fprintf(stderr, "FAIL %s: out of memory\n", label);
-            fails++;
+            CHECK_FAIL("%s: out of memory", label);
             continue;
         }
         g_cases++;
@@ -856,29 +829,24 @@ static void dyn_wrap(lnorm_rng *g)
         int err = gpu_run_ws(&tc, 0, ws, &why);
         outs dyn;
         if (err) {
-            fprintf(stderr, "FAIL %s: %s (%s)\n", label, lnorm_errname(err), why ? why : "");
-            fails++;
+            CHECK_FAIL("%s: %s (%s)", label, lnorm_errname(err), why ? why : "");
         } else if (lnorm_cuda_stat("dynamic_launches") - nd != 1) {
-            fprintf(stderr, "FAIL %s: the run took no dynamic tiles\n", label);
-            fails++;
+            CHECK_FAIL("%s: the run took no dynamic tiles", label);
         } else if (lnorm_test_check_segment(&tc.seg, NULL, label) || lnorm_test_case_pad_writes(&tc)) {
-            fprintf(stderr, "FAIL %s: wrong against the float64 reference\n", label);
-            fails++;
+            CHECK_FAIL("%s: wrong against the float64 reference", label);
         } else if (outs_take(&dyn, &tc) == 0) {
             err = gpu_run(&tc, 0, &why);
             if (err || !outs_same(&dyn, &tc)) {
-                fprintf(stderr, "FAIL %s: the fixed-share run differs (%s)\n", label, err ? lnorm_errname(err) : "bits");
-                fails++;
+                CHECK_FAIL("%s: the fixed-share run differs (%s)", label, err ? lnorm_errname(err) : "bits");
             }
             outs_free(&dyn);
         } else {
-            fails++;
+            CHECK_FAIL("%s: out of memory", label);
         }
         lnorm_test_case_free(&tc);
     }
     lnorm_cuda_ws_destroy(ws);
-    g_fails += fails;
-    printf("dynamic tiles, many fills a cluster: %s\n", fails ? "FAIL" : "ok");
+    printf("dynamic tiles, many fills a cluster: %s\n", check_failures() > f0 ? "FAIL" : "ok");
 }
 
 /* Bad input gets LNORM_EINVAL and runs nothing. */
@@ -886,12 +854,12 @@ static void bad_input(void)
 {
     void *d = NULL;
     if (cudaMalloc(&d, 4096) != cudaSuccess) {
-        g_fails++;
+        CHECK_FAIL("bad input: cudaMalloc");
         return;
     }
     lnorm_segment s;
     const char *why = NULL;
-    long fails = 0;
+    const int f0 = check_failures();
 #define EXPECT_EINVAL(setup)                                                                  \
     do {                                                                                      \
         lnorm_segment_init(&s, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 64);                   \
@@ -901,8 +869,7 @@ static void bad_input(void)
         why = NULL;                                                                           \
         int e_ = lnorm_cuda_run_segment(&s, NULL, &why);                                      \
         if (e_ != LNORM_EINVAL || !why) {                                                     \
-            fprintf(stderr, "FAIL bad input (%s): got %s\n", #setup, lnorm_errname(e_));      \
-            fails++;                                                                          \
+            CHECK_FAIL("bad input (%s): got %s", #setup, lnorm_errname(e_));                  \
         }                                                                                     \
     } while (0)
     EXPECT_EINVAL(s.eps = 0.0f);
@@ -928,28 +895,24 @@ static void bad_input(void)
     two[1] = two[0];
     lnorm_batch b = {two, 2};
     if (lnorm_cuda_run(&b, NULL, NULL, &why) != LNORM_EINVAL) {
-        fprintf(stderr, "FAIL bad input: two segments without a workspace accepted\n");
-        fails++;
+        CHECK_FAIL("bad input: two segments without a workspace accepted");
     }
     two[1].eps = -1.0f;
     lnorm_cuda_ws *ws = NULL;
     if (lnorm_cuda_ws_create(&ws, 8) == LNORM_OK) {
         if (lnorm_cuda_run(&b, NULL, ws, &why) != LNORM_EINVAL) {
-            fprintf(stderr, "FAIL bad input: a batch with one bad segment accepted\n");
-            fails++;
+            CHECK_FAIL("bad input: a batch with one bad segment accepted");
         }
         lnorm_cuda_ws_destroy(ws);
     } else {
-        fails++;
+        CHECK_FAIL("bad input: lnorm_cuda_ws_create");
     }
     if (cudaDeviceSynchronize() != cudaSuccess) {
-        fprintf(stderr, "FAIL bad input: device error after rejected inputs\n");
-        fails++;
+        CHECK_FAIL("bad input: device error after rejected inputs");
     }
     cudaFree(d);
     g_cases++;
-    g_fails += fails != 0;
-    printf("bad input: %s\n", fails ? "FAIL" : "ok");
+    printf("bad input: %s\n", check_failures() > f0 ? "FAIL" : "ok");
 }
 
 int main(int argc, char **argv)
@@ -957,23 +920,23 @@ int main(int argc, char **argv)
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        fprintf(stderr, "FAIL: no usable GPU (this test needs one; it never passes by skipping)\n");
-        return 1;
+        CHECK_FAIL("no usable GPU (this test needs one; it never passes by skipping)");
+        return check_finish("test_gpu");
     }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
     if (lnorm_cpu_create(&g_cpu, 0) != LNORM_OK) {
-        fprintf(stderr, "FAIL: lnorm_cpu_create\n");
-        return 1;
+        CHECK_FAIL("lnorm_cpu_create");
+        return check_finish("test_gpu");
     }
     lnorm_rng g;
     lnorm_rng_seed(&g, 0x6e7d5eedu);
     if (argc > 1 && !strcmp(argv[1], "--dyn")) { /* this part alone */
         dyn_wrap(&g);
         lnorm_cpu_destroy(g_cpu);
-        printf("%s: %ld cases, %ld failed\n", g_fails ? "FAIL" : "PASS", g_cases, g_fails);
-        return g_fails != 0;
+        printf("%ld cases\n", g_cases);
+        return check_finish("test_gpu --dyn");
     }
     bad_input();
     batch_invariance(&g);
@@ -984,7 +947,6 @@ int main(int argc, char **argv)
         dyn_wrap(&g);
     sweep(&g, quick);
     lnorm_cpu_destroy(g_cpu);
-    printf("%s: %ld cases (%ld also against the CPU backend, %ld also misaligned), %ld failed\n",
-           g_fails ? "FAIL" : "PASS", g_cases, g_cmp_cpu, g_cmp_align, g_fails);
-    return g_fails != 0;
+    printf("%ld cases (%ld also against the CPU backend, %ld also misaligned)\n", g_cases, g_cmp_cpu, g_cmp_align);
+    return check_finish("test_gpu");
 }
