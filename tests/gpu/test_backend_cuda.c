@@ -95,7 +95,7 @@ static int wait_done(int n, int seconds)
     return finished;
 }
 
-/* Part 1: random jobs (the backend test as it was before staging). */
+/* Part 1: random jobs, the backend with its default options (1 MiB slots). */
 static long test_random_jobs(void)
 {
     static const int64_t hs[] = {1, 64, 100, 1000, 4097, 8192, 20000, 70000, 300000};
