@@ -860,7 +860,7 @@ static void bad_input(void)
     lnorm_segment s;
     const char *why = NULL;
     const int f0 = check_failures();
-#define EXPECT_EINVAL(setup)                                                                  \
+#define REJECTED(setup)                                                                       \
     do {                                                                                      \
         lnorm_segment_init(&s, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 64);                   \
         s.x = d;                                                                              \
@@ -872,21 +872,21 @@ static void bad_input(void)
             CHECK_FAIL("bad input (%s): got %s", #setup, lnorm_errname(e_));                  \
         }                                                                                     \
     } while (0)
-    EXPECT_EINVAL(s.eps = 0.0f);
-    EXPECT_EINVAL(s.eps = -1.0f);
-    EXPECT_EINVAL(s.eps = NAN);
-    EXPECT_EINVAL(s.hidden = 0);
-    EXPECT_EINVAL(s.rows = 0);
-    EXPECT_EINVAL(s.x = NULL);
-    EXPECT_EINVAL(s.y = NULL);
-    EXPECT_EINVAL(s.x_stride = 10);
-    EXPECT_EINVAL(s.op = 7);
-    EXPECT_EINVAL(s.x_dtype = 9);
-    EXPECT_EINVAL(s.param_dtype = LNORM_DTYPE_BF16);
-    EXPECT_EINVAL((s.op = LNORM_OP_RMSNORM, s.mean = (float *)d));
-    EXPECT_EINVAL(s.residual = d);
-    EXPECT_EINVAL(s.hidden = (int64_t)LNORM_CORE_MAX_HIDDEN + 1);
-#undef EXPECT_EINVAL
+    REJECTED(s.eps = 0.0f);
+    REJECTED(s.eps = -1.0f);
+    REJECTED(s.eps = NAN);
+    REJECTED(s.hidden = 0);
+    REJECTED(s.rows = 0);
+    REJECTED(s.x = NULL);
+    REJECTED(s.y = NULL);
+    REJECTED(s.x_stride = 10);
+    REJECTED(s.op = 7);
+    REJECTED(s.x_dtype = 9);
+    REJECTED(s.param_dtype = LNORM_DTYPE_BF16);
+    REJECTED((s.op = LNORM_OP_RMSNORM, s.mean = (float *)d));
+    REJECTED(s.residual = d);
+    REJECTED(s.hidden = (int64_t)LNORM_CORE_MAX_HIDDEN + 1);
+#undef REJECTED
     /* Two segments without a workspace. */
     lnorm_segment two[2];
     lnorm_segment_init(&two[0], LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 1, 16);

@@ -75,8 +75,8 @@ int main(void)
     lnorm_rng_seed(&g, 42);
     lnorm_cpu *cpu = NULL;
     if (lnorm_cpu_create(&cpu, 1)) {
-        fprintf(stderr, "FAIL: create\n");
-        return 1;
+        CHECK_FAIL("lnorm_cpu_create");
+        return check_finish("kernels.checker_selftest");
     }
     /* Mutants on typical data: x ~ 0.3 + N(0,1), gamma ~ 1 +- 0.5, beta ~ +-0.5. */
     for (int64_t H = 1000; H <= 4100; H += 3100) {
@@ -84,8 +84,8 @@ int main(void)
                                  .gamma = 1, .beta = 1, .stats = 1, .x_mean = 0.3};
         lnorm_test_case tc;
         if (lnorm_test_case_make(&tc, &c, &g)) {
-            fprintf(stderr, "FAIL: oom\n");
-            return 1;
+            CHECK_FAIL("out of memory");
+            return check_finish("kernels.checker_selftest");
         }
         for (int b = 0; b < NBUGS; b++) {
             lnorm_test_case_repoison(&tc);
