@@ -7,10 +7,14 @@
  *
  * 6 raw SP/TCP REQ peers (wire.h) each keep 4 requests of 64 x 512 f32 in
  * flight, so each knows which requests it wrote, when, and which were
- * answered; they go on sending through the drain. After 1.5 s of load
+ * answered; they go on sending through the drain. One more peer holds the
+ * drain open: its request (4096 x 1024 f32) is in lnormd's hands before the
+ * load starts, and it reads nothing until 500 ms after the signal, so its
+ * 16 MiB reply cannot be written out before then. After 1.5 s of load
  * lnormd gets SIGTERM. Checks:
  *  - the log shows the drain begin at the signal and end with every reply
  *    written out, with no drain timeout; lnormd exits 0;
+ *  - the held reply arrives whole and right once its peer reads;
  *  - the requests that reached lnormd during the drain were answered
  *    UNAVAILABLE, not dropped (at least one: the peers kept sending);
  *  - every request written 200 ms or more before the signal (by then in
@@ -19,7 +23,7 @@
  *    (a peer gives up after 15 s of silence, which fails);
  *  - the load was real (at least 50 correct replies) and no reply was wrong.
  * A daemon that exits at once on SIGTERM, even with status 0, fails the
- * first two checks.
+ * first three checks.
  *
  *   fault_sigterm LNORMD large_reply     (fault.sigterm_large_reply)
  *
@@ -234,6 +238,8 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+static int read_replies(int fd, int n, uint64_t rows, uint64_t hidden, float **x, int timeout_ms, int *closed);
+
 static int under_load_main(const char *lnormd)
 {
     static const char *const extra[] = {"--drain-timeout-ms", "5000", NULL};
@@ -241,6 +247,14 @@ static int under_load_main(const char *lnormd)
     if (start(&d, lnormd, extra) != 0)
         return 1;
     g_url = d.tcp_url;
+    enum { HOLD_ROWS = 4096, HOLD_HIDDEN = 1024, HOLD_MS = 500 };
+    float *hx = NULL;
+    size_t hlen;
+    uint8_t *hreq = fw_pack_norm(1, LNORM__V1__OP__OP_LAYER_NORM, HOLD_ROWS, HOLD_HIDDEN, 99, &hx, &hlen);
+    int hfd = connect_peer(g_url, 65536);
+    CHECK(hfd >= 0 && fw_sp_send(hfd, 0x80000001u, hreq, hlen) == 0, "the holding peer's request was not sent");
+    double got = td_wait_metric(&d, "lnormd_received_bytes_total", (double)hlen, 20000);
+    CHECK(got == (double)hlen, "lnormd received %.0f of the holding request's %zu bytes", got, hlen);
     atomic_init(&g_sig_ms, 0);
     static client cl[NCLIENTS];
     for (int i = 0; i < NCLIENTS; i++) {
@@ -250,7 +264,11 @@ static int under_load_main(const char *lnormd)
     td_sleep_ms(1500);
     atomic_store(&g_sig_ms, td_now_ms());
     int64_t t0 = td_now_ms();
-    int status = td_stop(&d, SIGTERM, 15000);
+    td_signal(&d, SIGTERM);
+    td_sleep_ms(HOLD_MS);
+    int closed = 0, held = hfd >= 0 ? read_replies(hfd, 1, HOLD_ROWS, HOLD_HIDDEN, &hx, 20000, &closed) : -1;
+    CHECK(held == 1, "the reply in transit at SIGTERM was %s", held < 0 ? "never sent" : "cut off");
+    int status = td_stop(&d, 0, 15000);
     int64_t exit_ms = td_now_ms() - t0;
     long ok = 0, unav = 0, wrong = 0, late = 0, lost = 0, hung = 0, after = 0;
     for (int i = 0; i < NCLIENTS; i++) {
@@ -273,6 +291,10 @@ static int under_load_main(const char *lnormd)
     CHECK(td_log_contains(&d, "SIGTERM: draining"), "lnormd's log does not show a drain starting at SIGTERM");
     check_drained(&d);
     CHECK(unav >= 1, "no request was answered UNAVAILABLE: the requests sent during the drain were dropped");
+    if (hfd >= 0)
+        close(hfd);
+    free(hreq);
+    free(hx);
     CHECK_EQ_INT(lost, 0, "requests in lnormd's hands at SIGTERM that got no reply");
     CHECK_EQ_INT(hung, 0, "clients left hanging");
     CHECK(ok >= 50, "only %ld correct replies: the load was not real", ok);
