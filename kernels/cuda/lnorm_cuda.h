@@ -69,26 +69,23 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
                     void *residual_out, const void *gamma, const void *beta, float *mean, float *rstd,
                     float eps, int eps_mode, void *stream, lnorm_cuda_ws *ws);
 
-/* Tuning knobs for benchmarks and A/B runs (process-wide, not thread-safe
- * against concurrent launches): "bulk" 0/1/2 (the bulk-copy kernels: off,
- * where they pay (default), wherever rows allow), "bulk_stages" 0 or 2..8 (stages per CTA, 0 = chosen per launch),
- * "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none), "bulk_smem_kb"
- * 16..200 (shared memory per SM the stages of the one-CTA tiers up to 512
- * threads a row may use, default 64; the 1024-thread tiers, cluster or
- * not, take all of an SM's), "fast_grid"
- * 0/1/2 (grid of the fast kernels: by tier (default), persistent CTAs, one
- * tile per CTA), "fast_aligned" 0/1/2 (the straight-line form of the fast
- * kernel for segments whose x, y, gamma and beta are 16-byte aligned and
- * whose H and strides are whole 16-byte units: off, where it pays
- * (default: every op and dtype but RMSNorm with 16-bit x), wherever rows
- * allow), "bulk_dynamic" 0/1 (dynamic tiles for launches with a workspace:
- * off, on (default)), "fast_reread" 0/1/2 (the fast kernel's re-read form,
- * which reads the row again in each pass instead of holding it in
- * registers, in the tiers of 128 threads a row and more: off, where it
- * pays (default), wherever the straight-line form runs, and in the
- * 1024-thread one-CTA tier instead of the bulk kernel); "defaults" 0 puts every knob back to its initial value. Every
- * setting gives the same output bits. Returns LNORM_EINVAL for an unknown name or
- * value. */
+/* The kernel form a segment takes, for tests and profiling that run a row
+ * through every form and compare the bits (process-wide, not thread-safe
+ * against concurrent launches; every setting gives the same output bits):
+ * "bulk" 0/1/2 (the bulk-copy kernels: off, where they pay (default),
+ * wherever rows allow), "bulk_stages" 0 or 2..8 (stages a CTA, 0 = chosen
+ * per launch), "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none),
+ * "fast_grid" 0/1/2 (grid of the fast kernel: by tier (default),
+ * persistent CTAs, one tile per CTA), "fast_aligned" 0/1/2 (the
+ * straight-line form of the fast kernel for segments whose x, y, gamma and
+ * beta are 16-byte aligned and whose H and strides are whole 16-byte
+ * units: off, where it pays (default), wherever rows allow), "fast_reread"
+ * 0/1/2 (the fast kernel's re-read form, which reads the row again in each
+ * pass instead of holding it in registers, in the tiers of 128 threads a
+ * row and more: off, where it pays (default), wherever the straight-line
+ * form runs, and in the 1024-thread one-CTA tier instead of the bulk
+ * kernel); "defaults" 0 puts every setting back. Returns LNORM_EINVAL for
+ * an unknown name or value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
 
 /* Process-wide counters, for tests and benchmarks: "bulk_launches" (launches

@@ -1,6 +1,6 @@
 /* Kernel instantiations for x of dtype bf16 (one file per dtype so that
  * nvcc compiles them in parallel). */
-#include "lnorm_cuda_kernels.cuh"
+#include "lnorm_cuda_launch.cuh"
 
 extern "C" int lnorm__cuda_launch_bf16(int tier, const lnorm__kparams *p, void *stream)
 {

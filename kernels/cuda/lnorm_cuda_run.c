@@ -59,27 +59,21 @@ int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc)
     return t;
 }
 
-#ifndef LNORM_CUDA_FAST_ALIGNED
-#define LNORM_CUDA_FAST_ALIGNED 1 /* initial "fast_aligned" (A/B builds may start elsewhere) */
-#endif
-/* The knobs' initial values (lnorm_cuda_set_tuning "defaults" restores them). */
+/* The forms' initial settings ("defaults" restores them). */
 #define LNORM__INIT_BULK 1
-#define LNORM__INIT_BULK_SMEM_KB 64
+#define LNORM__INIT_FAST_ALIGNED 1
+#define LNORM__INIT_FAST_REREAD 1
 int lnorm__bulk_enabled = LNORM__INIT_BULK;
 int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
-int lnorm__bulk_smem_kb = LNORM__INIT_BULK_SMEM_KB;
 int lnorm__fast_grid = 0;
-int lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
-long lnorm__al_launches = 0;
-#define LNORM__INIT_FAST_REREAD 1
+int lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
 int lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
+long lnorm__al_launches = 0;
 long lnorm__rr_launches = 0;
 long lnorm__bulk_launches = 0;
 long lnorm__bulk_fallbacks = 0;
 long lnorm__dyn_launches = 0;
-#define LNORM__INIT_BULK_DYNAMIC 1
-int lnorm__bulk_dynamic = LNORM__INIT_BULK_DYNAMIC;
 
 long lnorm_cuda_stat(const char *name)
 {
@@ -104,10 +98,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_enabled = LNORM__INIT_BULK;
         lnorm__bulk_stages_override = 0;
         lnorm__bulk_ctas_override = 0;
-        lnorm__bulk_smem_kb = LNORM__INIT_BULK_SMEM_KB;
         lnorm__fast_grid = 0;
-        lnorm__fast_aligned = LNORM_CUDA_FAST_ALIGNED;
-        lnorm__bulk_dynamic = LNORM__INIT_BULK_DYNAMIC;
+        lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
         lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
     } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
@@ -115,14 +107,10 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_stages_override = value;
     else if (!strcmp(name, "bulk_ctas") && value >= 0 && value <= 64)
         lnorm__bulk_ctas_override = value;
-    else if (!strcmp(name, "bulk_smem_kb") && value >= 16 && value <= 200)
-        lnorm__bulk_smem_kb = value;
     else if (!strcmp(name, "fast_grid") && value >= 0 && value <= 2)
         lnorm__fast_grid = value;
     else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 2)
         lnorm__fast_aligned = value;
-    else if (!strcmp(name, "bulk_dynamic") && value >= 0 && value <= 1)
-        lnorm__bulk_dynamic = value;
     else if (!strcmp(name, "fast_reread") && value >= 0 && value <= 2)
         lnorm__fast_reread = value;
     else
@@ -149,41 +137,23 @@ static int lnorm__al_ok(const lnorm_segment *s)
            ((uintptr_t)s->gamma % 16) == 0 && ((uintptr_t)s->beta % 16) == 0;
 }
 
-/* Where k_fast's straight-line form is taken when "fast_aligned" is 1
- * (LNORM_CUDA_AL_POLICY): 3 (default) every op and dtype but RMSNorm with
- * 16-bit x; 2 every op and dtype; 1 LayerNorm with 16-bit x only. With x
- * read by plain loads (LNORM_CUDA_LDCS 0), on the H200 (same run,
- * bench/results/kernels-2026-11-30-4bb3898-ab.log, variant noal = the
- * general form): bf16 LayerNorm 3988-4028 GB/s at H = 128-4096 against
- * 3431-3586; f32 within 1% either way (4066-4107 against 4045-4131); bf16
- * RMSNorm 2% slower (3950-3989 against 4023-4073), so not there. */
-#ifndef LNORM_CUDA_AL_POLICY
-#define LNORM_CUDA_AL_POLICY 3
-#endif
-#if LNORM_CUDA_AL_POLICY < 1 || LNORM_CUDA_AL_POLICY > 3
-#error "LNORM_CUDA_AL_POLICY: policies 1-3"
-#endif
+/* Where k_fast's straight-line form is taken when "fast_aligned" is 1:
+ * every op and dtype but RMSNorm with 16-bit x (bf16 LayerNorm +11-17%,
+ * f32 within 1% either way, bf16 RMSNorm 2% slower; H200). */
 static int lnorm__al_pays(const lnorm_segment *s)
 {
-    if (LNORM_CUDA_AL_POLICY == 2)
-        return 1;
     if (s->x_dtype == LNORM_DTYPE_F32)
-        return LNORM_CUDA_AL_POLICY == 3;
+        return 1;
     return s->op == LNORM_OP_LAYERNORM;
 }
 
-/* Where the bulk kernels beat k_fast (H200; bit-identical either way):
+/* Where the bulk kernels beat k_fast (bit-identical either way; H200):
  * every tier whose bulk kernel reads the row from shared memory (SMR: the
- * cluster tiers, k_fast has none, 1.4-1.8x the general cluster kernel; the
- * 1024-thread one-CTA tier 10 of tier set 7, 3327 GB/s against 2686 for
- * k_fast at bf16 LayerNorm H = 32768, bench/results/
- * kernels-2026-11-30-1986cc8.json), and LayerNorm with 16-bit x in the
- * 4-chunk tiers up to 512 threads a row (H <= 16384 in bf16/f16;
- * kernels-2026-11-30-f32reg.json: 3490-3550 GB/s in bf16 at H = 128-8192,
- * where k_fast ran 3100-3400 in kernels-2026-11-30-{6730fed,efbbaf2}.json;
- * 3050 against 2920 at H = 16384). Not for f32 x (k_fast 4007-4021 GB/s
- * at H = 1024-4096 against 3673-3682) nor RMSNorm (k_fast 3-13% faster),
- * nor a 1024-thread tier without SMR (bulk 1247 against 2457, 2026-11-29). */
+ * cluster tiers, where k_fast has no form and the bulk kernel runs at
+ * 1.4-1.8x the general one, and the one-CTA tier 10: bf16 LayerNorm
+ * H = 32768 +24% over k_fast), and LayerNorm with 16-bit x in the 4-chunk
+ * tiers up to 512 threads a row (+3-15%). Not for f32 x (k_fast 9%
+ * faster) nor RMSNorm (k_fast 3-13% faster). */
 static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
 {
     const lnorm__tier_shape *t = lnorm__shape(s->x_dtype, tier);
@@ -326,12 +296,11 @@ int lnorm_cuda_launch_count(const lnorm_batch *b)
 }
 
 /* The dynamic-tile counters a launch of total_rows rows may use: the
- * workspace's, unless there is none or the knob is off, and rows stay far
- * below the counter's 2^32 (a launch takes at most total_rows + 10 tickets
- * a CTA: stages + 2). */
+ * workspace's, unless there is none, and rows stay far below the counter's
+ * 2^32 (a launch takes at most total_rows + 10 tickets a CTA: stages + 2). */
 static unsigned int *lnorm__sched(const lnorm_cuda_ws *ws, int64_t total_rows)
 {
-    if (!ws || !lnorm__bulk_dynamic || total_rows > (int64_t)1 << 30)
+    if (!ws || total_rows > (int64_t)1 << 30)
         return NULL;
     return ws->sched;
 }

@@ -10,8 +10,7 @@
  *     the "bulk" and "fast_aligned" knobs: the straight-line form (AL) only
  *     for segments whose x, y, gamma, beta, strides and H are whole
  *     16-byte units (by default for every op and dtype but RMSNorm with
- *     16-bit x, LNORM_CUDA_AL_POLICY 3; policy 1: only LayerNorm with
- *     16-bit x; policy 2: everywhere), never in
+ *     16-bit x), never in
  *     a cluster tier or the 1024-thread one-CTA tier (their bulk kernels
  *     hold the row in shared memory: the bulk form by default), never
  *     together with the bulk form; the bulk form only
@@ -205,7 +204,7 @@ static void tiers(void)
         }
     }
     /* The f32 shapes keep the 16-bit tiers' capacities (tier numbers are
-     * shared by bench/gpu/kexp.cu and the docs). */
+     * shared by both tables and the docs). */
     for (int t = 0; t < LNORM__NREG_TIERS; t++)
         CHECK(lnorm__shape(LNORM_DTYPE_BF16, t)->cap == lnorm__shape(LNORM_DTYPE_F32, t)->cap,
               "tier %d: capacity %lld (16-bit x), %lld (f32)", t, (long long)lnorm__shape(LNORM_DTYPE_BF16, t)->cap,
@@ -236,18 +235,15 @@ static void variants(void)
      * (1,1) default, (1,0), (1,2), (0,2), (2,1). */
     enum { AL = LNORM__FAST_AL, BU = LNORM__FAST_BULK, NO = -1, PLAIN = 0 };
     /* fast_aligned 1 for 16-bit RMSNorm (AR) and for f32 (AF): the policy's choice. */
-    const int AR = LNORM_CUDA_AL_POLICY == 2 ? AL : PLAIN;
-    const int AF = LNORM_CUDA_AL_POLICY >= 2 ? AL : PLAIN;
+    const int AR = PLAIN;
+    const int AF = AL;
     /* Tier 10 (H <= 32768 16-bit, <= 16384 f32): one 1024-thread CTA whose
-     * bulk kernel holds the row in shared memory in tier sets 0 and 7 (the
-     * bulk form wherever rows allow, never AL), a 2-CTA cluster in the
-     * others; without the bulk form: k_fast (one CTA) or the general
-     * cluster kernel. */
+     * bulk kernel holds the row in shared memory (the bulk form wherever
+     * rows allow, never AL); without the bulk form: k_fast. */
     const int T10 = lnorm__shape(LNORM_DTYPE_BF16, 10)->cl == 1 ? PLAIN : NO;
-    /* RMSNorm in a one-CTA tier 10 whose aligned rows take k_fast's
-     * re-read form by default ("fast_reread" 1, LNORM_CUDA_RR_POLICY):
-     * the AL form where the AL form is allowed, else the bulk kernel
-     * (bulk off and AL allowed: AL). */
+    /* RMSNorm in tier 10, whose aligned rows take k_fast's re-read form by
+     * default ("fast_reread" 1): the AL form where the AL form is allowed,
+     * else the bulk kernel (bulk off and AL allowed: AL). */
     const int RR10 = T10 == PLAIN && lnorm__rr_use(1, lnorm__shape(LNORM_DTYPE_BF16, 10)->tpr);
     const int R_ON = RR10 ? AL : BU, R_OFF = RR10 ? AL : T10;
     struct {
@@ -327,22 +323,23 @@ static void variants(void)
         CHECK((variant_of(&t10f) & (LNORM__FAST_AL | LNORM__FAST_BULK)) ==
                   (lnorm__rr_use(0, 1024) ? LNORM__FAST_AL : LNORM__FAST_BULK),
               "fast_reread 1: f32 LN H=16384 as the policy says");
-        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(0, 1024), "policy 1: not for LayerNorm");
-        CHECK(LNORM_CUDA_RR_POLICY != 1 || lnorm__rr_use(1, 1024), "policy 1: RMSNorm in tier 10");
-        CHECK(LNORM_CUDA_RR_POLICY != 1 || !lnorm__rr_use(1, 512), "policy 1: not in tiers 7-9");
+        CHECK(!lnorm__rr_use(0, 1024), "fast_reread 1: not for LayerNorm");
+        CHECK(lnorm__rr_use(1, 1024), "fast_reread 1: RMSNorm in tier 10");
+        CHECK(!lnorm__rr_use(1, 512), "fast_reread 1: not in tiers 7-9");
         CHECK(lnorm_cuda_set_tuning("fast_reread", 3) == LNORM_EINVAL, "fast_reread 3 must be refused");
     }
-    /* "defaults" puts every knob back (bench/kernels.py resets with it after each variant). */
+    /* "defaults" puts every setting back. */
     tune(0, 0);
     CHECK(!lnorm_cuda_set_tuning("fast_reread", 2), "fast_reread 2 must be accepted");
     CHECK(!lnorm_cuda_set_tuning("bulk_stages", 2) && !lnorm_cuda_set_tuning("bulk_ctas", 3) &&
-              !lnorm_cuda_set_tuning("bulk_smem_kb", 100) && !lnorm_cuda_set_tuning("fast_grid", 2),
-          "knobs must take their settings");
+              !lnorm_cuda_set_tuning("fast_grid", 2),
+          "settings must be taken");
+    CHECK(lnorm_cuda_set_tuning("no_such_setting", 1) == LNORM_EINVAL, "an unknown name must be refused");
+    CHECK(lnorm_cuda_set_tuning(NULL, 0) == LNORM_EINVAL, "a NULL name must be refused");
     CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults 0 must be accepted");
-    CHECK(lnorm__bulk_enabled == 1 && lnorm__fast_aligned == LNORM_CUDA_FAST_ALIGNED &&
-              lnorm__bulk_stages_override == 0 && lnorm__bulk_ctas_override == 0 && lnorm__bulk_smem_kb == 64 &&
-              lnorm__fast_grid == 0 && lnorm__fast_reread == 1,
-          "defaults: a knob kept its setting");
+    CHECK(lnorm__bulk_enabled == 1 && lnorm__fast_aligned == 1 && lnorm__bulk_stages_override == 0 &&
+              lnorm__bulk_ctas_override == 0 && lnorm__fast_grid == 0 && lnorm__fast_reread == 1,
+          "defaults: a setting was kept");
     const lnorm_segment al = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
     CHECK((variant_of(&al) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_AL,
           "after defaults: bf16 LN H=1024 aligned must take the AL form again");
@@ -425,28 +422,16 @@ static void batch(int al_setting)
     if (al_setting)
         CHECK(launch_of[0] == launch_of[1] && g_l[launch_of[0]].nsegs == 2 && (g_l[launch_of[0]].fast & LNORM__FAST_AL),
               "segments 0 and 1 (aligned, same tier) must share one AL launch of 2 segments");
-    /* Segments 0 and 1 (16-bit LayerNorm); 6-7 (f32) under policies 2 and
-     * 3; 3 (16-bit RMSNorm) under policy 2; all of them with fast_aligned 2. */
-    const int want_al[3] = {0, 1 + (LNORM_CUDA_AL_POLICY >= 2) + (LNORM_CUDA_AL_POLICY == 2), 3};
+    /* Segments 0 and 1 (16-bit LayerNorm) and 6-7 (f32) with fast_aligned
+     * 1; 3 (16-bit RMSNorm) too with fast_aligned 2. */
+    const int want_al[3] = {0, 2, 3};
     CHECK(al_launches == want_al[al_setting], "fast_aligned %d: %d AL launches, want %d", al_setting, al_launches,
           want_al[al_setting]);
     /* Dynamic tiles: every launch of a batch run with a workspace gets its
-     * counters, zero (the stand-in device memory is host memory); none once
-     * the knob is off. */
+     * counters, zero (the stand-in device memory is host memory). */
     for (int i = 0; i < g_nl; i++)
         CHECK(g_l[i].sched != NULL && g_l[i].sched[0] == 0 && g_l[i].sched[1] == 0,
               "launch %d: no (or nonzero) dynamic-tile counters", i);
-    CHECK(lnorm_cuda_set_tuning("bulk_dynamic", 0) == LNORM_OK, "bulk_dynamic 0");
-    g_nl = 0;
-    rc = lnorm_cuda_run(&b, NULL, ws, &why);
-    CHECK(rc == LNORM_OK && g_nl == want_launches, "batch run without dynamic tiles: %d, %d launches", rc, g_nl);
-    for (int i = 0; i < g_nl; i++)
-        CHECK(g_l[i].sched == NULL, "launch %d: dynamic tiles although bulk_dynamic is 0", i);
-    CHECK(lnorm_cuda_set_tuning("bulk_dynamic", 2) == LNORM_EINVAL, "bulk_dynamic 2 must be refused");
-    CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults");
-    g_nl = 0;
-    rc = lnorm_cuda_run(&b, NULL, ws, &why);
-    CHECK(rc == LNORM_OK && g_nl > 0 && g_l[0].sched != NULL, "defaults: dynamic tiles back on");
     lnorm_cuda_ws_destroy(ws);
     tune(1, 1);
 }

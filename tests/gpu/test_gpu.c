@@ -350,7 +350,7 @@ static void fast_vs_general(lnorm_rng *g, int quick)
 {
     static const int64_t hs[] = {100, 1003, 1024, 4096};
     /* f16 too: k_fast packs 16-bit chunks a pair at a time
-     * (LNORM_CUDA_PACK2), the general kernel element by element. */
+     * (pack), the general kernel element by element. */
     static const int xdts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_BF16, LNORM_DTYPE_F16};
     long n = 0;
     for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
@@ -613,7 +613,7 @@ static void bulk_table(lnorm_rng *g)
  * "dynamic_launches"), and they run one after another on one workspace, so
  * a counter the kernel failed to put back would leave rows unwritten. The
  * runs with "fast_reread" 2 must take k_fast's re-read form in every
- * one-CTA tier of at least LNORM_CUDA_RR_MIN_TPR threads a row (counter
+ * one-CTA tier of at least LNORM__RR_MIN_TPR threads a row (counter
  * "reread_launches"; these rows all qualify for the aligned form), those
  * with 0 nowhere. The runs marked ymis put every row of y one element off
  * 16-byte alignment with x aligned, so the bulk kernels still run and store
@@ -666,7 +666,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     c.x_spread = 1.5;
                     c.hidden = hs[hi];
                     c.pad = variant ? (int64_t)(32 / lnorm_dtype_size(dts[xi])) : 0; /* aligned stride */
-                    /* Rows per tile of the tier (CTAs of LNORM_CUDA_MIN_BLOCK
+                    /* Rows per tile of the tier (CTAs of LNORM__MIN_BLOCK
                      * threads below that many threads a row); about 5 tiles
                      * per CTA at 1 CTA/SM. */
                     const int64_t vec = 16 / (int64_t)lnorm_dtype_size(dts[xi]);
@@ -674,7 +674,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                     int64_t tpr = 1;
                     while (tpr * 4 < chunks && tpr < 1024)
                         tpr *= 2;
-                    const int64_t rpc = tpr >= LNORM_CUDA_MIN_BLOCK ? 1 : LNORM_CUDA_MIN_BLOCK / tpr;
+                    const int64_t rpc = tpr >= LNORM__MIN_BLOCK ? 1 : LNORM__MIN_BLOCK / tpr;
                     c.rows = (int64_t)sms * rpc * (quick ? 3 : 5) + 3;
                     if (c.rows * c.hidden > ((int64_t)1 << 23))
                         c.rows = ((int64_t)1 << 23) / c.hidden + 1;
@@ -704,7 +704,7 @@ static void bulk_pipeline(lnorm_rng *g, int quick)
                             (tcl > 1 && (runs[ri].grid || runs[ri].aligned == 2)))
                             continue;
                         /* Tiers with the re-read form: one CTA a row, enough threads. */
-                        const int trr = tcl == 1 && ttpr >= LNORM_CUDA_RR_MIN_TPR;
+                        const int trr = tcl == 1 && ttpr >= LNORM__RR_MIN_TPR;
                         if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) || lnorm_cuda_set_tuning("bulk_stages", runs[ri].stages) ||
                             lnorm_cuda_set_tuning("bulk_ctas", runs[ri].ctas) ||
                             lnorm_cuda_set_tuning("fast_grid", runs[ri].grid) ||
