@@ -81,14 +81,6 @@ def _rms(x, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
-    ap.add_argument("--alt", action="append", default=[],
-                    help="NAME=PATH: another build of the library (tuning variant), timed as lnormd_NAME")
-    ap.add_argument("--variant", action="append", default=None,
-                    help="NAME=KEY:VAL[,KEY:VAL][@ALT]: run-time tuning of the same library (@ALT: of --alt build ALT) "
-                         "(lnorm_cuda_set_tuning), timed as lnormd_NAME and checked bit-identical; "
-                         "none: no variants; default: nobulk=bulk:0, bulk=bulk:2 (bulk kernels wherever rows allow), noal=fast_aligned:0, "
-                         "alall=fast_aligned:2 (k_fast's straight-line form off / wherever rows allow), "
-                         "nodyn=bulk_dynamic:0 (fixed shares of the rows instead of dynamic tiles)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
@@ -100,42 +92,17 @@ def main():
     ap.add_argument("--y", choices=("call", "fixed"), default="call",
                     help="where outputs go while timed: call (default): a new tensor each call from torch's "
                          "caching allocator for every implementation, as torch eager and torch.compile allocate "
-                         "theirs (copy: src.clone()); fixed: lnormd, its variants and the Triton seed write one "
-                         "preallocated y (copy: dst.copy_(src)), the method before 2026-11-30 session 10. "
+                         "theirs (copy: src.clone()); fixed: lnormd and the Triton seed write one "
+                         "preallocated y (copy: dst.copy_(src)). "
                          "With call, lnormd into the preallocated y is also timed (lnormd_fixed_y, copy_fixed_gbs)")
     ap.add_argument("--rounds", type=int, default=5,
                     help="rows where lnormd and the best peer are within --close: time both this many "
                          "times in alternating rounds and compare medians (1: one timing each)")
     ap.add_argument("--close", type=float, default=0.02)
     ap.add_argument("--no-peers", action="store_true",
-                    help="time lnormd and its variants only (a quick A/B; no target verdicts)")
+                    help="time lnormd only (no peers, no target verdicts)")
     a = ap.parse_args()
     lib = load_lib(a.lib)
-    alts = [(kv.split("=", 1)[0], load_lib(kv.split("=", 1)[1])) for kv in a.alt]
-    alt_lib = dict(alts)
-    variants = []
-    if hasattr(lib, "lnorm_cuda_set_tuning"):
-        specs = a.variant if a.variant is not None else ["nobulk=bulk:0", "bulk=bulk:2", "noal=fast_aligned:0",
-                                                          "alall=fast_aligned:2", "nodyn=bulk_dynamic:0"]
-        for spec in specs:
-            if spec == "none":  # --variant none: no run-time variants
-                continue
-            name, kvs = spec.split("=", 1)
-            kvs, _, on = kvs.partition("@")  # NAME=KEY:VAL,...@ALT: the tuning of --alt build ALT
-            if on and on not in alt_lib:
-                raise SystemExit(f"--variant {spec}: no --alt build named {on}")
-            variants.append((name, [(kv.split(":")[0], int(kv.split(":")[1])) for kv in kvs.split(",")], on))
-    def reset(lb=lib):
-        # Every knob back to the library's initial value ("defaults"; a
-        # library older than 2026-11-30 session 7 lacks it: its knobs then).
-        if lb.lnorm_cuda_set_tuning(b"defaults", 0) != 0:
-            tune([("bulk", 1), ("bulk_stages", 0), ("bulk_ctas", 0), ("bulk_smem_kb", 64), ("fast_grid", 0),
-                  ("fast_aligned", 1)], lb)
-
-    def tune(kvs, lb=lib):
-        for k, v in kvs:
-            if lb.lnorm_cuda_set_tuning(k.encode(), v) != 0:
-                raise SystemExit(f"lnorm_cuda_set_tuning({k}, {v}) refused")
     dev = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     total = 1 << a.elems_log2
@@ -226,43 +193,19 @@ def main():
                 res["lnormd_tier"] = desc.value.decode()
                 # Correctness sanity of every implementation against eager.
                 fn_l = lnormd_fn(lib, op, x, w, b, y)
-                nb = lib.lnorm_cuda_stat(b"bulk_launches") if hasattr(lib, "lnorm_cuda_stat") else -1
+                nb = lib.lnorm_cuda_stat(b"bulk_launches")
                 fn_l()
                 torch.cuda.synchronize()
-                if nb >= 0:
-                    res["lnormd_uses_bulk"] = bool(lib.lnorm_cuda_stat(b"bulk_launches") > nb)
+                res["lnormd_uses_bulk"] = bool(lib.lnorm_cuda_stat(b"bulk_launches") > nb)
                 ref = eager(op, x, w, b)()
                 res["lnormd_maxdiff_vs_eager"] = (y.float() - ref.float()).abs().max().item()
                 del ref
-                # Where y lies matters by 0.5-2% (--y fixed: the default column, timed into the
-                # y allocated before the reference, read about 1% below the same kernel in the
-                # variant columns for bf16 rows, not because of the order:
-                # bench/results/kernels-2026-11-30-3276543.json, lnormd_first_timing); --y call
-                # gives every implementation its output the way torch's functions get theirs.
+                # Where y lies matters by 0.5-2%: --y call gives every implementation its
+                # output the way torch's functions get theirs.
                 fn_time = lnormd_fn(lib, op, x, w, b, None) if call_y else fn_l
                 res["lnormd"] = gbs(triton.testing.do_bench(fn_time, return_mode="median"))
                 if call_y:
                     res["lnormd_fixed_y"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
-                def fresh(lb):
-                    """lnormd through library lb: (bits of a fresh NaN-filled y equal to the
-                    default's y, GB/s timed as --y says)."""
-                    y2 = torch.full_like(x, float("nan"))
-                    fn = lnormd_fn(lb, op, x, w, b, y2)
-                    fn()
-                    torch.cuda.synchronize()
-                    it = torch.int16 if esz == 2 else torch.int32
-                    same = bool(torch.equal(y.view(it), y2.view(it)))
-                    if call_y:
-                        del y2
-                        fn = lnormd_fn(lb, op, x, w, b, None)
-                    return same, gbs(triton.testing.do_bench(fn, return_mode="median"))
-                for name, kvs, on in variants:
-                    vlib = alt_lib[on] if on else lib
-                    tune(kvs, vlib)
-                    res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(vlib)
-                    reset(vlib)
-                for name, alib in alts:
-                    res["lnormd_" + name + "_bitsame"], res["lnormd_" + name] = fresh(alib)
                 cp = copy_gbs[res["dtype"]]
                 res["copy"] = cp
                 if call_y:
@@ -283,18 +226,14 @@ def main():
                       + mid + f"vs copy {res['lnormd_vs_copy']:.2f} " + verdict
                       + f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
                       + (f" fixy {res['lnormd_fixed_y']:.0f}" if call_y else "")
-                      + (f" [medians of {a.rounds} rounds]" if "lnormd_rounds" in res else "")
-                      + "".join(f" {n} {res['lnormd_' + n]:.0f}{'' if res['lnormd_' + n + '_bitsame'] else ' BITS-DIFFER'}"
-                                for n in [n for n, _ in alts] + [v[0] for v in variants]), flush=True)
-                del fn_l, fn_time, fresh  # fn_l's closure holds y
+                      + (f" [medians of {a.rounds} rounds]" if "lnormd_rounds" in res else ""), flush=True)
+                del fn_l, fn_time  # fn_l's closure holds y
                 del y
         del src
     out = {"device": dev, "date": date, "commit": a.commit, "elements": total,
            "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
            "copy_gbs": copy_gbs, "copy_fixed_gbs": copy_fixed_gbs, "y": a.y, "torch": torch.__version__, "triton": triton.__version__,
-           "torch_compile_seconds": compile_spent, "alt_builds": a.alt,
-           "variants": [f"{n}=" + ",".join(f"{k}:{v}" for k, v in kvs) + (f"@{on}" if on else "")
-                        for n, kvs, on in variants], "rows": rows}
+           "torch_compile_seconds": compile_spent, "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     jpath = os.path.join(a.out, f"kernels-{date}.json")
     with open(jpath, "w") as f:

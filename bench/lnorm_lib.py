@@ -10,7 +10,7 @@ import ctypes
 
 def load_lib(path):
     """The library at path with lnorm_cuda_norm, _ws_create, _tier, _stat and
-    _set_tuning (the last two where present) bound, and lib.ws created."""
+    _set_tuning bound, and lib.ws created."""
     lib = ctypes.CDLL(path)
     f = lib.lnorm_cuda_norm
     f.restype = ctypes.c_int
@@ -21,12 +21,10 @@ def load_lib(path):
     lib.ws = ctypes.c_void_p()
     if lib.lnorm_cuda_ws_create(ctypes.byref(lib.ws), 1) != 0:
         raise SystemExit(f"{path}: lnorm_cuda_ws_create failed")
-    if hasattr(lib, "lnorm_cuda_stat"):
-        lib.lnorm_cuda_stat.restype = ctypes.c_long
-        lib.lnorm_cuda_stat.argtypes = [ctypes.c_char_p]
-    if hasattr(lib, "lnorm_cuda_set_tuning"):
-        lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
-        lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.lnorm_cuda_stat.restype = ctypes.c_long
+    lib.lnorm_cuda_stat.argtypes = [ctypes.c_char_p]
+    lib.lnorm_cuda_set_tuning.restype = ctypes.c_int
+    lib.lnorm_cuda_set_tuning.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.lnorm_cuda_tier.restype = ctypes.c_int
     lib.lnorm_cuda_tier.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p)]
     return lib

@@ -9,14 +9,8 @@
 #   4. bench/kernels.py              (lnormd vs torch eager / compile / Triton seed)
 # Logs, JSON and PNG go to $OUT (default ./device-out); summary.txt lists
 # each step's exit status. Exits non-zero if any step failed.
-# Tuning variants of the bench library found under <build>/ab/<name>/
-# (scripts/device-ab-build.sh) are
-# timed beside the default build (bench/kernels.py --alt).
-# Two short steps for A/B calls (not the proof): quick (test_gpu --quick)
-# and ab (bench/kernels.py without peers on AB_HS, default
-# 1024,4096,16384,32768,65536,131072,262144; AB_OPS, AB_DTYPES; extra
-# arguments in AB_ARGS, e.g. "--variant nobulk=bulk:0").
-# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench,quick,ab]
+# A short step, not part of the proof: quick (test_gpu --quick).
+# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench,quick]
 set -u
 B=${1:-build-sm90}
 STEPS=${2:-test,backend,san,triton,bench}
@@ -59,19 +53,8 @@ esac
 case ",$STEPS," in *,triton,*)
   step triton-test 240 "$OUT/triton-test.log" python3 kernels/triton/test_lnorm_triton.py ;;
 esac
-ALTS=()
-for so in "$B"/ab/*/liblnorm_cuda_bench.so; do
-  [ -f "$so" ] && ALTS+=(--alt "$(basename "$(dirname "$so")")=$so")
-done
 case ",$STEPS," in *,bench,*)
-  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" "${ALTS[@]}" ;;
-esac
-case ",$STEPS," in *,ab,*)
-  read -r -a AB_EXTRA <<<"${AB_ARGS:-}"
-  step ab 300 "$OUT/ab.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" \
-    --commit "$COMMIT" --no-peers --hs "${AB_HS:-1024,4096,16384,32768,65536,131072,262144}" \
-    --ops "${AB_OPS:-ln,rms}" --dtypes "${AB_DTYPES:-bfloat16,float32}" "${ALTS[@]}" "${AB_EXTRA[@]}"
-  grep -v '^wrote' "$OUT/ab.log" ;;
+  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" ;;
 esac
 cat "$S"
 exit $fail
