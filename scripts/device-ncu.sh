@@ -3,7 +3,7 @@
 # under the copy ceiling: speed of light, memory workload, occupancy, warp stalls. Device, repo
 # root, bundle from scripts/device-pack.sh: OUT=dir scripts/device-ncu.sh [bundle] [op:dtype:H ...]
 # NCU_PEERS=1: a few metrics of lnormd's kernel beside torch.compile's (ncu-peers.csv);
-# LNORM_TUNE="knob=value,..." adds a launch of lnormd with those knobs (bench/gpu/ncu_peers.py).
+# LNORM_TUNE="name=value,..." adds a launch of lnormd with those settings (bench/gpu/ncu_peers.py).
 set -u
 PACK=${1:-.devpack/lnorm-sm90.tar.xz}
 shift || true

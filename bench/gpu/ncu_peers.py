@@ -6,8 +6,8 @@ the two can be read side by side. (A device-to-device copy is a cudaMemcpy, not 
 does not profile it; bench/kernels.py times it.)
 
 Cases: op:dtype:H at N x H = 2^27 (as bench/kernels.py), default bulk settings.
-LNORM_TUNE="name=value,..." (lnorm_cuda_set_tuning knobs, e.g. fast_reread=2,fast_aligned=2):
-lnormd is launched a second time with those knobs, between its default launch and
+LNORM_TUNE="name=value,..." (lnorm_cuda_set_tuning settings, e.g. fast_reread=2,fast_aligned=2):
+lnormd is launched a second time with those settings, between its default launch and
 torch.compile's (then "defaults" 0 puts them back).
 Usage: [LNORM_TUNE=...] python3 bench/gpu/ncu_peers.py LIB [op:dtype:H ...]
 """

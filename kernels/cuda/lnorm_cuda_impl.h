@@ -76,7 +76,7 @@ extern int lnorm__fast_aligned;
  * lnorm__rr_use says, 2 wherever a segment takes the AL form (in the
  * 1024-thread tier 10 instead of the bulk kernel). */
 extern int lnorm__fast_reread;
-#define LNORM__RR_MIN_TPR 128 /* fewer kernels to compile; RR gained nothing below */
+#define LNORM__RR_MIN_TPR 128 /* (fewer kernels to compile) */
 static inline int lnorm__rr_use(int rms, int tpr)
 {
     if (tpr < LNORM__RR_MIN_TPR || lnorm__fast_reread == 0)

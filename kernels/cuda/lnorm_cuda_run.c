@@ -496,7 +496,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
                 p.sched = lnorm__sched(ws, p.total_rows);
                 const int tier = lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL);
                 /* The group's variant, from its key: the same for every
-                 * segment of the group even if the tuning knobs changed
+                 * segment of the group even if the settings changed
                  * since the batch was grouped. */
                 p.fast = lnorm__fast_of_key(gk[g]);
                 int e = lnorm__launch(s0->x_dtype, tier, &p, stream);
