@@ -15,8 +15,8 @@ copy_fixed_gbs). Rows where lnormd and a peer are within 2% of each other
 time them again in alternating rounds (--rounds, --close) and compare
 medians (lnormd_rounds, <peer>_rounds in the JSON).
 
-Writes kernels-<date>.json (device, date, commit, every figure) and
-kernels-<date>.png into --out, and prints a table.
+Writes kernels[-NAME].json (device, date, commit, every figure) and
+kernels[-NAME].png into --out (--name NAME, e.g. h200), and prints a table.
 Usage: python3 bench/kernels.py --lib build-sm90/kernels/cuda/liblnorm_cuda_bench.so --out DIR
 """
 import argparse
@@ -82,6 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--name", default="", help="file name suffix: kernels-NAME.json (e.g. the machine, h200)")
     ap.add_argument("--elems-log2", type=int, default=27)
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
                     help="stop timing torch.compile once its compiles took this long (recorded as skipped)")
@@ -104,6 +105,7 @@ def main():
     a = ap.parse_args()
     lib = load_lib(a.lib)
     dev = torch.cuda.get_device_name(0)
+    stem = f"-{a.name}" if a.name else ""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     total = 1 << a.elems_log2
     Hs = [int(h) for h in a.hs.split(",")] if a.hs else [1 << k for k in range(7, 19)]
@@ -235,7 +237,7 @@ def main():
            "copy_gbs": copy_gbs, "copy_fixed_gbs": copy_fixed_gbs, "y": a.y, "torch": torch.__version__, "triton": triton.__version__,
            "torch_compile_seconds": compile_spent, "rows": rows}
     os.makedirs(a.out, exist_ok=True)
-    jpath = os.path.join(a.out, f"kernels-{date}.json")
+    jpath = os.path.join(a.out, f"kernels{stem}.json")
     with open(jpath, "w") as f:
         json.dump(out, f, indent=1)
     print("wrote", jpath)
@@ -258,7 +260,7 @@ def main():
             ax.set_ylabel("GB/s")
             ax.legend(fontsize=8)
         fig.tight_layout()
-        ppath = os.path.join(a.out, f"kernels-{date}.png")
+        ppath = os.path.join(a.out, f"kernels{stem}.png")
         fig.savefig(ppath, dpi=90)
         print("wrote", ppath)
     except Exception as e:  # the JSON is the record; the plot is a convenience

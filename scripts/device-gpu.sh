@@ -54,7 +54,7 @@ case ",$STEPS," in *,triton,*)
   step triton-test 240 "$OUT/triton-test.log" python3 kernels/triton/test_lnorm_triton.py ;;
 esac
 case ",$STEPS," in *,bench,*)
-  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" ;;
+  step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" --name "${BENCH_NAME:-h200}" ;;
 esac
 cat "$S"
 exit $fail
