@@ -81,6 +81,30 @@ static void *pin(lnorm__backend *be, const void *src, size_t n)
     return p;
 }
 
+/* Point segment s at pinned copies of case tc's buffers, gamma and beta
+ * too when params. Returns -1 when a buffer the case has is not pinned. */
+static int pin_case(lnorm__backend *be, lnorm_test_case *tc, lnorm_segment *s, int params)
+{
+    *s = tc->seg;
+    size_t pb = (size_t)s->hidden * lnorm_dtype_size(s->param_dtype);
+    s->x = pin(be, tc->x, tc->x_bytes);
+    s->y = pin(be, tc->y, tc->y_bytes);
+    s->residual = pin(be, tc->residual, tc->res_bytes);
+    s->residual_out = pin(be, tc->residual_out, tc->res_bytes);
+    s->mean = pin(be, tc->mean, (size_t)s->rows * 4);
+    s->rstd = pin(be, tc->rstd, (size_t)s->rows * 4);
+    if (params) {
+        s->gamma = pin(be, tc->gamma, pb);
+        s->beta = pin(be, tc->beta, pb);
+        if ((tc->gamma && !s->gamma) || (tc->beta && !s->beta))
+            return -1;
+    }
+    if (!s->x || !s->y || (tc->residual && (!s->residual || !s->residual_out)) || (tc->mean && !s->mean) ||
+        (tc->rstd && !s->rstd))
+        return -1;
+    return 0;
+}
+
 static int wait_done(int n, int seconds)
 {
     struct timespec dl;
@@ -93,6 +117,21 @@ static int wait_done(int n, int seconds)
     int finished = g_done;
     pthread_mutex_unlock(&g_mu);
     return finished;
+}
+
+/* Submit jobs[0..n) in order, from this thread; a job the backend refuses
+ * counts as done, its callback never to be called. */
+static void submit_all(lnorm__backend *be, tjob *jobs, int n, const char *name)
+{
+    for (int j = 0; j < n; j++) {
+        int rc = be->ops->submit(be, &jobs[j].job);
+        if (rc != LNORM_OK) {
+            CHECK_FAIL("%s: submit %d: %s", name, j, lnorm_errname(rc));
+            pthread_mutex_lock(&g_mu);
+            g_done++;
+            pthread_mutex_unlock(&g_mu);
+        }
+    }
 }
 
 /* Part 1: random jobs, the backend with its default options (1 MiB slots). */
@@ -138,22 +177,11 @@ static long test_random_jobs(void)
             c.pad = (lnorm_rng_next(&g) % 3 == 0) ? 3 : 0;
             c.x_mean = 0.5;
             c.x_spread = 1.5;
-            if (lnorm_test_case_make(&t->tc[i], &c, &g) != LNORM_OK) {
+            if (lnorm_test_case_make(&t->tc[i], &c, &g) != LNORM_OK ||
+                pin_case(be, &t->tc[i], &t->segs[i], 1) != 0) {
                 CHECK_FAIL("out of memory");
                 return 1;
             }
-            lnorm_test_case *tc = &t->tc[i];
-            lnorm_segment *s = &t->segs[i];
-            *s = tc->seg;
-            size_t pb = (size_t)c.hidden * lnorm_dtype_size(s->param_dtype);
-            s->x = pin(be, tc->x, tc->x_bytes);
-            s->y = pin(be, tc->y, tc->y_bytes);
-            s->residual = pin(be, tc->residual, tc->res_bytes);
-            s->residual_out = pin(be, tc->residual_out, tc->res_bytes);
-            s->gamma = pin(be, tc->gamma, pb);
-            s->beta = pin(be, tc->beta, pb);
-            s->mean = pin(be, tc->mean, (size_t)c.rows * 4);
-            s->rstd = pin(be, tc->rstd, (size_t)c.rows * 4);
         }
         if (t->bad)
             t->segs[t->nsegs - 1].eps = -1.0f;
@@ -162,24 +190,8 @@ static long test_random_jobs(void)
         t->job.done = on_done;
         t->job.arg = t;
     }
-    for (int j = 0; j < NJOBS; j++) {
-        rc = be->ops->submit(be, &jobs[j].job);
-        if (rc != LNORM_OK) {
-            CHECK_FAIL("submit %d: %s", j, lnorm_errname(rc));
-            pthread_mutex_lock(&g_mu);
-            g_done++; /* never to be called */
-            pthread_mutex_unlock(&g_mu);
-        }
-    }
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 120;
-    pthread_mutex_lock(&g_mu);
-    while (g_done < NJOBS)
-        if (pthread_cond_timedwait(&g_cv, &g_mu, &dl) != 0)
-            break;
-    int finished = g_done;
-    pthread_mutex_unlock(&g_mu);
+    submit_all(be, jobs, NJOBS, "random");
+    int finished = wait_done(NJOBS, 120);
     if (finished < NJOBS) {
         CHECK_FAIL("only %d of %d jobs finished in 120 s", finished, NJOBS);
         return 1;
@@ -379,25 +391,14 @@ static int make_mix_job(lnorm__backend *be, tjob *t, lnorm_rng *rng)
         c.x_spread = 1.5;
         if (lnorm_test_case_make(&t->tc[i], &c, rng) != LNORM_OK)
             return -1;
-        lnorm_test_case *tc = &t->tc[i];
         lnorm_segment *s = &t->segs[i];
-        *s = tc->seg;
-        size_t pb = (size_t)c.hidden * lnorm_dtype_size(s->param_dtype);
-        s->x = pin(be, tc->x, tc->x_bytes);
-        s->y = pin(be, tc->y, tc->y_bytes);
-        s->residual = pin(be, tc->residual, tc->res_bytes);
-        s->residual_out = pin(be, tc->residual_out, tc->res_bytes);
-        s->mean = pin(be, tc->mean, (size_t)c.rows * 4);
-        s->rstd = pin(be, tc->rstd, (size_t)c.rows * 4);
+        if (pin_case(be, &t->tc[i], s, !m->shared) != 0)
+            return -1;
         if (m->shared) {
             s->gamma = g_sh_gamma[m->shared - 1];
             s->beta = c.beta ? g_sh_beta[m->shared - 1] : NULL;
-        } else {
-            s->gamma = pin(be, tc->gamma, pb);
-            s->beta = pin(be, tc->beta, pb);
         }
-        if (!s->x || !s->y || (tc->residual && (!s->residual || !s->residual_out)) || (tc->mean && !s->mean) ||
-            (tc->rstd && !s->rstd) || !s->gamma || (c.beta && !s->beta))
+        if (!s->gamma || (c.beta && !s->beta))
             return -1;
     }
     t->job.batch.segs = t->segs;
@@ -470,48 +471,75 @@ static long check_mix_job(tjob *t, lnorm_cpu *cpu, const char *what, int j)
     return check_failures() - f0;
 }
 
+/* A run of parts 2 and 3: a backend under one setting and n mixed jobs. */
+typedef struct mixrun {
+    const char *name;
+    int n;
+    lnorm__backend *be;
+    tjob *jobs;
+    int nmade; /* jobs to free, the one that failed half-built included */
+    lnorm__backend_counters cn;
+} mixrun;
+
+/* Create the backend under o, build r->n mixed jobs, submit them in order
+ * from this thread, wait for them and read the counters. Returns 0 when
+ * every job is done (check them, then mix_end), else -1 with the failure
+ * reported: mix_end frees what can be freed. */
+static int mix_run(mixrun *r, const lnorm__cuda_opts *o, lnorm_rng *rng)
+{
+    int rc = lnorm__backend_cuda_create_opts(&r->be, o);
+    if (rc != LNORM_OK) {
+        CHECK_FAIL("%s: create: %s", r->name, lnorm_errname(rc));
+        r->be = NULL;
+        return -1;
+    }
+    char desc[512];
+    r->be->ops->describe(r->be, desc, sizeof desc);
+    printf("%s: %s\n", r->name, desc);
+    pthread_mutex_lock(&g_mu);
+    g_done = 0;
+    pthread_mutex_unlock(&g_mu);
+    r->jobs = calloc((size_t)r->n, sizeof *r->jobs);
+    for (r->nmade = 0; r->nmade < r->n; r->nmade++)
+        if (!r->jobs || make_mix_job(g_pb, &r->jobs[r->nmade], rng) != 0) {
+            CHECK_FAIL("%s: out of memory building the jobs", r->name);
+            r->nmade++;
+            return -1;
+        }
+    submit_all(r->be, r->jobs, r->n, r->name);
+    if (wait_done(r->n, 120) < r->n) {
+        CHECK_FAIL("%s: jobs did not finish in 120 s", r->name);
+        r->be = NULL; /* it still holds the jobs: nothing can be freed */
+        r->jobs = NULL;
+        r->nmade = 0;
+        return -1;
+    }
+    memset(&r->cn, 0, sizeof r->cn);
+    r->be->ops->counters(r->be, &r->cn);
+    return 0;
+}
+
+/* Destroy a run's backend and free its jobs. */
+static void mix_end(mixrun *r)
+{
+    if (r->be)
+        r->be->ops->destroy(r->be);
+    for (int j = 0; j < r->nmade; j++)
+        free_mix_job(g_pb, &r->jobs[j]);
+    free(r->jobs);
+}
+
 /* Part 2: NCOPY copies of the mixed batch at once under one setting. */
 #define NCOPY 6
 static long test_mixed(const char *name, const lnorm__cuda_opts *o, lnorm_cpu *cpu, int expect_staged,
                        int expect_direct, int expect_oversize, lnorm_rng *rng)
 {
-    lnorm__backend *be = NULL;
-    int rc = lnorm__backend_cuda_create_opts(&be, o);
-    if (rc != LNORM_OK) {
-        CHECK_FAIL("%s: create: %s", name, lnorm_errname(rc));
-        return 1;
-    }
-    char desc[512];
-    be->ops->describe(be, desc, sizeof desc);
-    printf("%s: %s\n", name, desc);
-    pthread_mutex_lock(&g_mu);
-    g_done = 0;
-    pthread_mutex_unlock(&g_mu);
-    tjob *jobs = calloc(NCOPY, sizeof *jobs);
     const int f0 = check_failures();
-    int nmade = 0;
-    for (int j = 0; j < NCOPY; j++, nmade++)
-        if (make_mix_job(g_pb, &jobs[j], rng) != 0) {
-            CHECK_FAIL("%s: out of memory building the jobs", name);
-            nmade++;
-            goto out;
-        }
-    for (int j = 0; j < NCOPY; j++) {
-        rc = be->ops->submit(be, &jobs[j].job);
-        if (rc != LNORM_OK) {
-            CHECK_FAIL("%s: submit %d: %s", name, j, lnorm_errname(rc));
-            pthread_mutex_lock(&g_mu);
-            g_done++;
-            pthread_mutex_unlock(&g_mu);
-        }
-    }
-    if (wait_done(NCOPY, 120) < NCOPY) {
-        CHECK_FAIL("%s: jobs did not finish in 120 s", name);
-        return check_failures() - f0; /* the backend still holds them: nothing can be freed */
-    }
-    lnorm__backend_counters cn;
-    memset(&cn, 0, sizeof cn);
-    be->ops->counters(be, &cn);
+    mixrun r = {.name = name, .n = NCOPY};
+    if (mix_run(&r, o, rng) != 0)
+        goto out;
+    tjob *jobs = r.jobs;
+    const lnorm__backend_counters cn = r.cn;
     for (int j = 0; j < NCOPY; j++) {
         if (jobs[j].done_calls != 1 || jobs[j].err != LNORM_OK) {
             CHECK_FAIL("%s job %d: done called %d times, %s", name, j, jobs[j].done_calls,
@@ -532,10 +560,7 @@ static long test_mixed(const char *name, const lnorm__cuda_opts *o, lnorm_cpu *c
                 NCOPY * NMIX);
     }
 out:
-    be->ops->destroy(be);
-    for (int j = 0; j < nmade && j < NCOPY; j++)
-        free_mix_job(g_pb, &jobs[j]);
-    free(jobs);
+    mix_end(&r);
     printf("%s: %d failures\n", name, check_failures() - f0);
     return check_failures() - f0;
 }
@@ -550,44 +575,13 @@ static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
     o.fault_every = 3;
     o.slot_bytes = (size_t)64 << 20;
     o.fallback = fallback ? LNORM__CUDA_FALLBACK_CPU : LNORM__CUDA_FALLBACK_NONE;
-    lnorm__backend *be = NULL;
-    int rc = lnorm__backend_cuda_create_opts(&be, &o);
-    if (rc != LNORM_OK) {
-        CHECK_FAIL("%s: create: %s", name, lnorm_errname(rc));
-        return 1;
-    }
-    char desc[512];
-    be->ops->describe(be, desc, sizeof desc);
-    printf("%s: %s\n", name, desc);
-    pthread_mutex_lock(&g_mu);
-    g_done = 0;
-    pthread_mutex_unlock(&g_mu);
-    tjob *jobs = calloc(NFAULT, sizeof *jobs);
     const int f0 = check_failures();
-    int nmade = 0;
-    for (int j = 0; j < NFAULT; j++, nmade++)
-        if (make_mix_job(g_pb, &jobs[j], rng) != 0) {
-            CHECK_FAIL("%s: out of memory building the jobs", name);
-            nmade++;
-            goto out;
-        }
-    /* One thread, in order: job j is the (j+1)th submitted. */
-    for (int j = 0; j < NFAULT; j++) {
-        rc = be->ops->submit(be, &jobs[j].job);
-        if (rc != LNORM_OK) {
-            CHECK_FAIL("%s: submit %d: %s", name, j, lnorm_errname(rc));
-            pthread_mutex_lock(&g_mu);
-            g_done++;
-            pthread_mutex_unlock(&g_mu);
-        }
-    }
-    if (wait_done(NFAULT, 120) < NFAULT) {
-        CHECK_FAIL("%s: jobs did not finish in 120 s", name);
-        return check_failures() - f0;
-    }
-    lnorm__backend_counters cn;
-    memset(&cn, 0, sizeof cn);
-    be->ops->counters(be, &cn);
+    /* mix_run submits from one thread, in order: job j is the (j+1)th. */
+    mixrun r = {.name = name, .n = NFAULT};
+    if (mix_run(&r, &o, rng) != 0)
+        goto out;
+    tjob *jobs = r.jobs;
+    const lnorm__backend_counters cn = r.cn;
     int faulted = 0;
     for (int j = 0; j < NFAULT; j++) {
         int fault = (j + 1) % 3 == 0;
@@ -609,10 +603,7 @@ static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
                 fallback ? faulted : 0);
     }
 out:
-    be->ops->destroy(be);
-    for (int j = 0; j < nmade && j < NFAULT; j++)
-        free_mix_job(g_pb, &jobs[j]);
-    free(jobs);
+    mix_end(&r);
     printf("%s: %d failures\n", name, check_failures() - f0);
     return check_failures() - f0;
 }
