@@ -110,7 +110,7 @@ static void slot_start(slot *s, uint64_t t0);
 /* CPU time of a process in microseconds, -1 if unknown: the sum of its
  * threads' run time from /proc/<pid>/task/<tid>/schedstat (nanoseconds),
  * or, without schedstat, user + system ticks from /proc/<pid>/stat. */
-static double proc_cpu_us(pid_t pid)
+double lnorm__proc_cpu_us(pid_t pid)
 {
     char path[96];
     snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
@@ -674,9 +674,12 @@ static void open_loop(run *r)
 {
     const lnorm__runcfg *c = r->cfg;
     uint64_t next = r->t_start;
-    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    uint64_t rng = 0x2545F4914F6CDD1Dull ^ (0xD1B54A32D192ED03ull * c->stream);
     uint64_t last_progress = lnorm__now_ns();
     double gap_ns = 1e9 / c->rate;
+    /* process k of n starts k/n of a gap late: n processes interleave */
+    double phase = c->nstreams > 1 ? (double)c->stream / (double)c->nstreams : 0;
+    next += (uint64_t)(phase * gap_ns);
     while (!atomic_load(&r->stop) && !lnorm__interrupted && next < r->t_end) {
         if (c->max_requests && atomic_load(&r->started) >= c->max_requests)
             break;
@@ -718,7 +721,7 @@ static void open_loop(run *r)
             double u = ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
             next += (uint64_t)(-log(u) * gap_ns);
         } else {
-            next = r->t_start + (uint64_t)((double)(atomic_load(&r->started)) * gap_ns);
+            next = r->t_start + (uint64_t)(((double)atomic_load(&r->started) + phase) * gap_ns);
         }
     }
     /* Arrivals the schedule had before the end but never sent (the
@@ -761,6 +764,7 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     res->open_loop = cfg->open_loop;
     res->concurrency = cfg->concurrency;
     res->rate = cfg->rate;
+    res->procs = 1;
     FILE *la = fopen("/proc/loadavg", "r");
     if (la) {
         double l1, l5, l15;
@@ -792,7 +796,7 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     for (int i = 0; i < rp->nslots; i++) {
         rp->slots[i].r = rp;
         rp->slots[i].idx = i;
-        rp->slots[i].rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) | 1u;
+        rp->slots[i].rng = (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) ^ (0xBF58476D1CE4E5B9ull * cfg->stream)) | 1u;
         rp->free_stack[i] = rp->nslots - 1 - i;
     }
     rp->nfree = rp->nslots;
@@ -810,8 +814,15 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
         return -1;
     }
 
+    if (cfg->before_start && cfg->before_start(cfg->before_arg) != 0) {
+        snprintf(res->error, sizeof res->error, "not started (the other load processes failed)");
+        free_run(rp);
+        if (!rp->leaked)
+            free(rp);
+        return -1;
+    }
     double total_s = cfg->warmup_s + cfg->duration_s;
-    double srv_cpu0 = cfg->server_pid > 0 ? proc_cpu_us(cfg->server_pid) : -1;
+    double srv_cpu0 = cfg->server_pid > 0 ? lnorm__proc_cpu_us(cfg->server_pid) : -1;
     double cli_cpu0 = self_cpu_us();
     rp->t_start = lnorm__now_ns();
     rp->t_warm = rp->t_start + (uint64_t)(cfg->warmup_s * 1e9);
@@ -829,7 +840,7 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
             slot_start(&rp->slots[i], lnorm__now_ns());
     }
     drain(rp);
-    double srv_cpu1 = cfg->server_pid > 0 ? proc_cpu_us(cfg->server_pid) : -1;
+    double srv_cpu1 = cfg->server_pid > 0 ? lnorm__proc_cpu_us(cfg->server_pid) : -1;
     double cli_cpu1 = self_cpu_us();
 
     /* gather */
@@ -856,6 +867,10 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
     res->started = atomic_load(&rp->started);
     res->server_cpu_us_per_req = -1;
     res->client_cpu_us_per_req = -1;
+    res->ok_all = rp->ok_all;
+    res->server_cpu_us = srv_cpu0 >= 0 && srv_cpu1 >= srv_cpu0 ? srv_cpu1 - srv_cpu0 : -1;
+    res->client_cpu_us = cli_cpu0 >= 0 && cli_cpu1 >= cli_cpu0 ? cli_cpu1 - cli_cpu0 : -1;
+    res->procs = 1;
     if (rp->ok_all) {
         if (srv_cpu0 >= 0 && srv_cpu1 >= srv_cpu0)
             res->server_cpu_us_per_req = (srv_cpu1 - srv_cpu0) / (double)rp->ok_all;
@@ -872,6 +887,9 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
         res->gbps = (double)(res->tx_bytes + res->rx_bytes) / res->elapsed_s / 1e9;
     }
     lnorm__hist *h = rp->hist;
+    res->lat_count = lnorm__hist_count(h);
+    if (cfg->hist_out)
+        lnorm__hist_merge(cfg->hist_out, h);
     res->min_ns = lnorm__hist_quantile(h, 0);
     res->p50_ns = lnorm__hist_quantile(h, 0.5);
     res->p90_ns = lnorm__hist_quantile(h, 0.9);

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "work.h"
 
@@ -55,6 +56,14 @@ typedef struct lnorm__runcfg {
     int pipeline_depth;     /* client library: chunks in flight (0: default) */
     int server_pid;         /* the server's process id when known (spawned), else 0:
                                its CPU time per request is then reported */
+    unsigned stream;        /* this process's index among nstreams load processes */
+    unsigned nstreams;      /* (0 or 1: one): varies the random streams and the
+                               open-loop phase, so processes do not send in lockstep */
+    /* Called once the transport is open, just before the clock starts (a
+     * barrier across processes); nonzero ends the run unmeasured. */
+    int (*before_start)(void *arg);
+    void *before_arg;
+    struct lnorm__hist *hist_out; /* when set, the run's latencies are added to it */
 } lnorm__runcfg;
 
 typedef struct lnorm__runres {
@@ -81,6 +90,11 @@ typedef struct lnorm__runres {
                                      request, warm-up included; -1 unknown */
     double client_cpu_us_per_req; /* lnorm-bench's own, the same way */
     char loadavg[32];       /* /proc/loadavg (1, 5, 15 min) when the point began */
+    uint64_t ok_all;        /* successful replies, warm-up included */
+    double server_cpu_us, client_cpu_us; /* CPU over the run (both -1: unknown) */
+    uint64_t lat_count;     /* latencies in the histogram (measured successes) */
+    int procs;              /* load processes merged into this result (>= 1) */
+    struct lnorm__runres *parts; /* procs > 1: each process's own result */
 } lnorm__runres;
 
 /* Run one measurement. Returns 0 (then res is filled, errors counted in
@@ -93,6 +107,9 @@ int lnorm__params_setup(const char *url, const lnorm__work *w, int drop, char *e
 
 /* Set (by a SIGINT handler) to end the current run early. */
 extern volatile sig_atomic_t lnorm__interrupted;
+
+/* CPU time (user + system) of process pid in microseconds, -1 if unknown. */
+double lnorm__proc_cpu_us(pid_t pid);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t lnorm__now_ns(void);

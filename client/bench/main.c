@@ -14,6 +14,7 @@
 #include "echo.h"
 #include "load.h"
 #include "lnorm/types.h"
+#include "multi.h"
 #include "proc.h"
 #include "report.h"
 #include "spec.h"
@@ -58,6 +59,12 @@ static const char usage[] =
     "  --timeout MS           per-request timeout (default 5000)\n"
     "  --grace SECONDS        after the end, wait this long for replies, then close the\n"
     "                         socket: whatever is in flight counts as aborted (default 2)\n"
+    "  --procs N              send from N processes (default 1), each with its own NNG\n"
+    "                         and 1/N of --concurrency (or --rate, --max-in-flight,\n"
+    "                         --requests, --verify), released together each point;\n"
+    "                         one report: summed counts and rates, latencies from the\n"
+    "                         summed histograms. One process is bounded by NNG's one\n"
+    "                         I/O thread per process (some 25k-50k messages/s)\n"
     "\n"
     "Workload\n"
     "  --op ln|rms            operation (default ln)\n"
@@ -187,7 +194,7 @@ enum {
     O_MAXIF, O_DUR, O_WARM, O_REQS, O_TIMEOUT, O_GRACE, O_OP, O_DTYPE, O_ODTYPE, O_ROWS,
     O_HIDDEN, O_MIX, O_STATS, O_RESID, O_PARAMS, O_EPS, O_VARIANTS, O_SEED, O_VERIFY, O_ECHO,
     O_ECHO_ONLY, O_ECHO_URL, O_ECHO_CTX, O_JSON, O_CSV, O_PLOT, O_TAG, O_PROGRESS, O_NOPROGRESS,
-    O_ECHO_SERVE, O_READY, O_LIFETIME, O_REMOTE
+    O_ECHO_SERVE, O_READY, O_LIFETIME, O_REMOTE, O_PROCS
 };
 
 static const struct option longopts[] = {
@@ -205,7 +212,7 @@ static const struct option longopts[] = {
     {"csv", 1, 0, O_CSV}, {"plot", 1, 0, O_PLOT}, {"tag", 1, 0, O_TAG},
     {"progress", 0, 0, O_PROGRESS}, {"no-progress", 0, 0, O_NOPROGRESS},
     {"echo-serve", 1, 0, O_ECHO_SERVE}, {"ready-file", 1, 0, O_READY},
-    {"echo-lifetime", 1, 0, O_LIFETIME}, {"allow-remote", 0, 0, O_REMOTE},
+    {"echo-lifetime", 1, 0, O_LIFETIME}, {"allow-remote", 0, 0, O_REMOTE}, {"procs", 1, 0, O_PROCS},
     {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static int bad(const char *opt, const char *val)
@@ -235,6 +242,7 @@ typedef struct bench_opts {
     int nextra;
     int driver, poisson, max_inflight, timeout_ms, echo, echo_only, echo_ctx, progress;
     int pipeline, lifetime, allow_remote;
+    int procs;               /* load processes (--procs) */
     double duration, warmup, grace;
     uint64_t max_requests, chunk;
     unsigned verify_n;
@@ -260,6 +268,7 @@ static void opts_defaults(bench_opts *b)
     b->echo_ctx = 1024;
     b->progress = isatty(2);
     b->lifetime = 3600;
+    b->procs = 1;
     b->duration = -1;
     b->warmup = -1;
     b->grace = 2.0;
@@ -319,6 +328,10 @@ static int opt_load(bench_opts *b, int c, const char *name, const char *arg)
     case O_REQS: if (lnorm__size_parse(arg, &b->max_requests) || !b->max_requests) return bad(name, arg); return 0;
     case O_TIMEOUT: if (parse_pos(arg, 1, 3600000, &v)) return bad(name, arg); b->timeout_ms = (int)v; return 0;
     case O_GRACE: if (parse_pos(arg, 0, 3600, &b->grace)) return bad(name, arg); return 0;
+    case O_PROCS:
+        if (parse_pos(arg, 1, LNORM__PROCS_MAX, &v) || v != (int)v) return bad(name, arg);
+        b->procs = (int)v;
+        return 0;
     default: return -1;
     }
 }
@@ -469,6 +482,18 @@ static int validate(bench_opts *b)
         for (int i = 0; i < b->npoints; i++)
             if (b->points[i] != (int)b->points[i] || b->points[i] > 65536)
                 return bad("concurrency", b->conc_s);
+    for (int i = 0; i < b->npoints && b->procs > 1; i++) {
+        if (!b->open && b->points[i] < b->procs) {
+            fprintf(stderr, "lnorm-bench: --concurrency %g is less than --procs %d (each process needs one)\n",
+                    b->points[i], b->procs);
+            return 1;
+        }
+    }
+    if (b->procs > 1 && ((b->open && b->max_inflight < b->procs) ||
+                         (b->max_requests && b->max_requests < (uint64_t)b->procs))) {
+        fprintf(stderr, "lnorm-bench: --max-in-flight and --requests must be at least --procs %d\n", b->procs);
+        return 1;
+    }
     if (b->duration < 0)
         b->duration = b->max_requests ? 600 : 5; /* --requests alone: bounded by 10 minutes */
     if (b->warmup < 0)
@@ -576,22 +601,105 @@ static void point_cfg(const bench_opts *b, int i, int tgt, const char *url, cons
     cfg->server_pid = tgt ? (int)echod->pid : (b->spawn ? (int)lnormd->pid : 0);
 }
 
-/* Every point against each target; results appended to runs. The exit
- * status so far: 0, 1 (a run could not be made) or 3 (errors). */
-static int run_points(const bench_opts *b, const lnorm__work *w, const char *url, const lnorm__child *lnormd,
-                      const lnorm__child *echod, lnorm__runres *runs, size_t *nruns)
+/* Share k of n of a count: n parts that add up to it. */
+static uint64_t share_of(uint64_t total, int k, int n)
 {
-    int status = 0;
+    return total / (uint64_t)n + ((uint64_t)k < total % (uint64_t)n);
+}
+
+/* Load process k of b->procs: its share of the point's load. */
+static void proc_share(const bench_opts *b, int k, lnorm__runcfg *cfg)
+{
+    int n = b->procs;
+    cfg->stream = (unsigned)k;
+    cfg->nstreams = (unsigned)n;
+    cfg->concurrency = (int)share_of((uint64_t)cfg->concurrency, k, n);
+    cfg->rate /= n;
+    if (cfg->max_requests)
+        cfg->max_requests = share_of(cfg->max_requests, k, n);
+    cfg->verify_n = (unsigned)share_of(cfg->verify_n, k, n);
+    cfg->progress = 0;
+    cfg->server_pid = 0; /* the parent measures the server */
+}
+
+/* What a load process (--procs) needs: the parent's state at the fork. */
+typedef struct proc_ctx {
+    const bench_opts *b;
+    lnorm__work *const *w;    /* the variables of main, set by the fork */
+    const char *const *url;
+    const lnorm__child *lnormd, *echod;
+    lnorm__multi *m;
+} proc_ctx;
+
+static int skip_target(const bench_opts *b, int tgt)
+{
+    return (tgt == 0 && b->echo_only) || (tgt == 1 && !b->echo && !b->echo_only);
+}
+
+/* A load process: every point, in the parent's order, released by it. */
+static int proc_body(void *arg, int k)
+{
+    proc_ctx *pc = arg;
+    const bench_opts *b = pc->b;
+    lnorm__hist *h = lnorm__hist_new();
+    if (!h)
+        return 1;
     for (int i = 0; i < b->npoints && !lnorm__interrupted; i++) {
         for (int tgt = 0; tgt < 2 && !lnorm__interrupted; tgt++) {
-            if ((tgt == 0 && b->echo_only) || (tgt == 1 && !b->echo && !b->echo_only))
+            if (skip_target(b, tgt))
+                continue;
+            lnorm__runcfg cfg;
+            point_cfg(b, i, tgt, *pc->url, pc->lnormd, pc->echod, &cfg);
+            proc_share(b, k, &cfg);
+            cfg.before_start = lnorm__multi_child_ready;
+            cfg.before_arg = pc->m;
+            cfg.hist_out = h;
+            lnorm__hist_reset(h);
+            lnorm__runres res;
+            lnorm__run(&cfg, *pc->w, &res);
+            if (lnorm__multi_child_done(pc->m, &res, h) != 0) {
+                lnorm__hist_free(h);
+                return 0;
+            }
+        }
+    }
+    lnorm__hist_free(h);
+    return 0;
+}
+
+/* Every point against each target; results appended to runs. With
+ * --procs, m holds the load processes. The exit status so far: 0, 1 (a
+ * run could not be made) or 3 (errors). */
+static int run_points(const bench_opts *b, const lnorm__work *w, const char *url, const lnorm__child *lnormd,
+                      const lnorm__child *echod, lnorm__multi *m, lnorm__runres *runs, size_t *nruns)
+{
+    int status = 0;
+    /* a load process must not outlast: setup, the run, the grace, a margin */
+    int done_ms = (int)((b->warmup + b->duration + b->grace) * 1000) + b->timeout_ms + 10000;
+    for (int i = 0; i < b->npoints && !lnorm__interrupted; i++) {
+        for (int tgt = 0; tgt < 2 && !lnorm__interrupted; tgt++) {
+            if (skip_target(b, tgt))
                 continue;
             lnorm__runcfg cfg;
             point_cfg(b, i, tgt, url, lnormd, echod, &cfg);
-            if (lnorm__run(&cfg, w, &runs[*nruns]) != 0) {
-                fprintf(stderr, "lnorm-bench: %s: %s\n", cfg.label, runs[*nruns].error);
+            lnorm__runres *r = &runs[*nruns];
+            int rc;
+            if (m) {
+                lnorm__multi_point(m, cfg.server_pid, 20000, done_ms, r);
+                snprintf(r->label, sizeof r->label, "%s", cfg.label);
+                r->open_loop = cfg.open_loop;
+                r->concurrency = cfg.concurrency;
+                r->rate = cfg.rate;
+                if (!r->driver[0])
+                    snprintf(r->driver, sizeof r->driver, "%s", cfg.driver == LNORM__DRV_LIB ? "lib" : "raw");
+                rc = r->error[0] ? -1 : 0;
+            } else {
+                rc = lnorm__run(&cfg, w, r);
+            }
+            if (rc != 0) {
+                fprintf(stderr, "lnorm-bench: %s: %s\n", cfg.label, r->error);
                 status = 1;
-            } else if (runs[*nruns].errors && status == 0) {
+            } else if (r->errors && status == 0) {
                 status = 3;
             }
             (*nruns)++;
@@ -618,7 +726,8 @@ static int write_reports(const bench_opts *b, int argc, char **argv, const char 
         snprintf(cmdline + l, sizeof cmdline - l, "%s%s", i ? " " : "", argv[i]);
     }
     lnorm__report rp = {runs, nruns, date, device_name(), commit, host, url, b->mix_desc, cmdline,
-                        b->params_s, b->wl.stats, b->wl.residual, b->duration, b->warmup, b->tags, b->ntags};
+                        b->params_s, b->wl.stats, b->wl.residual, b->duration, b->warmup, b->tags, b->ntags,
+                        b->procs};
     lnorm__report_table(&rp, stdout);
     int status = 0;
     const char *files[3] = {b->json, b->csv, b->plot};
@@ -656,6 +765,9 @@ int main(int argc, char **argv)
     size_t nruns = 0;
     int params_registered = 0;
     char params_prefix[64], err[512];
+    lnorm__multi multi;
+    memset(&multi, 0, sizeof multi);
+    proc_ctx pc = {&b, &w, &url, &lnormd, &echod, &multi};
     snprintf(params_prefix, sizeof params_prefix, "lnorm-bench.%d", (int)getpid());
     if (!runs || lnorm__work_build(&b.wl, params_prefix, &w) != 0) {
         fprintf(stderr, "lnorm-bench: out of memory building the requests\n");
@@ -663,14 +775,20 @@ int main(int argc, char **argv)
     } else if ((b.spawn && !b.echo_only && spawn_lnormd(&b, &lnormd, &url)) ||
                ((b.echo || b.echo_only) && start_echo(&b, url, &echod))) {
         status = 1;
+    } else if (b.procs > 1 && lnorm__multi_start(&multi, b.procs, proc_body, &pc, err, sizeof err)) {
+        /* forked before this process makes any NNG call */
+        fprintf(stderr, "lnorm-bench: --procs %d: %s\n", b.procs, err);
+        status = 1;
     } else if (!b.echo_only && b.wl.params == LNORM__PARAMS_REGISTERED &&
                lnorm__params_setup(url, w, 0, err, sizeof err)) {
         fprintf(stderr, "lnorm-bench: registering params: %s\n", err);
         status = 1;
     } else {
         params_registered = !b.echo_only && b.wl.params == LNORM__PARAMS_REGISTERED;
-        status = run_points(&b, w, url, &lnormd, &echod, runs, &nruns);
+        status = run_points(&b, w, url, &lnormd, &echod, b.procs > 1 ? &multi : NULL, runs, &nruns);
     }
+    if (b.procs > 1)
+        lnorm__multi_stop(&multi);
     if (params_registered && lnorm__params_setup(url, w, 1, err, sizeof err))
         fprintf(stderr, "lnorm-bench: dropping params: %s\n", err);
     lnorm__child_stop(&lnormd);
@@ -678,6 +796,8 @@ int main(int argc, char **argv)
     if (nruns && write_reports(&b, argc, argv, b.echo_only ? echod.url : url, runs, nruns))
         status = 1;
     lnorm__work_free(w);
+    for (size_t i = 0; i < nruns; i++)
+        free(runs[i].parts);
     free(runs);
     return status;
 }

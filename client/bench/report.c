@@ -12,7 +12,7 @@ const lnorm__runres *lnorm__report_echo_peer(const lnorm__report *rp, size_t i)
         return NULL;
     for (size_t j = 0; j < rp->n; j++) {
         const lnorm__runres *b = &rp->runs[j];
-        if (strcmp(b->label, "echo") == 0 && b->open_loop == a->open_loop &&
+        if (strcmp(b->label, "echo") == 0 && b->open_loop == a->open_loop && b->procs == a->procs &&
             (a->open_loop ? b->rate == a->rate : b->concurrency == a->concurrency))
             return b;
     }
@@ -21,10 +21,9 @@ const lnorm__runres *lnorm__report_echo_peer(const lnorm__report *rp, size_t i)
 
 static void load_str(const lnorm__runres *r, char *buf, size_t n)
 {
-    if (r->open_loop)
-        snprintf(buf, n, "rate=%.0f", r->rate);
-    else
-        snprintf(buf, n, "c=%d", r->concurrency);
+    int l = r->open_loop ? snprintf(buf, n, "rate=%.0f", r->rate) : snprintf(buf, n, "c=%d", r->concurrency);
+    if (r->procs > 1 && l > 0 && (size_t)l < n)
+        snprintf(buf + l, n - (size_t)l, "/p%d", r->procs);
 }
 
 static double us(uint64_t ns)
@@ -38,6 +37,9 @@ void lnorm__report_table(const lnorm__report *rp, FILE *o)
             sysconf(_SC_NPROCESSORS_ONLN), rp->url);
     fprintf(o, "workload: %s  params=%s stats=%d residual=%d\n", rp->workload, rp->params,
             rp->stats, rp->residual);
+    if (rp->procs > 1)
+        fprintf(o, "load from %d processes (/pN): their shares summed, latencies from the summed histograms\n",
+                rp->procs);
     fprintf(o, "%-7s %-4s %-10s %9s %6s %10s %11s %7s %9s %9s %9s %9s %9s %8s %8s %6s\n",
             "target", "drv", "load", "ok", "errors", "req/s", "rows/s", "GB/s", "p50 us",
             "p90 us", "p99 us", "p99.9 us", "max us", "srvq us", "comp us", "batch");
@@ -120,6 +122,29 @@ static void json_num(FILE *f, double v)
         fprintf(f, "null");
 }
 
+/* --procs: each load process's own numbers, to see the shares add up. */
+static void json_parts(FILE *f, const lnorm__runres *r)
+{
+    fprintf(f, ",\n     \"per_process\": [");
+    for (int i = 0; i < r->procs; i++) {
+        const lnorm__runres *p = &r->parts[i];
+        fprintf(f, "%s\n       {\"requests\": %llu, \"started\": %llu, \"errors\": %llu, "
+                   "\"latency_count\": %llu, \"verified\": %llu, \"mismatches\": %llu, \"requests_per_s\": ",
+                i ? "," : "", (unsigned long long)p->ok, (unsigned long long)p->started,
+                (unsigned long long)p->errors, (unsigned long long)p->lat_count,
+                (unsigned long long)p->verified, (unsigned long long)p->mismatches);
+        json_num(f, p->rps);
+        fprintf(f, ", \"elapsed_s\": ");
+        json_num(f, p->elapsed_s);
+        fprintf(f, ", \"p50_us\": ");
+        json_num(f, us(p->p50_ns));
+        fprintf(f, ", \"p99_us\": ");
+        json_num(f, us(p->p99_ns));
+        fprintf(f, "}");
+    }
+    fprintf(f, "]");
+}
+
 int lnorm__report_json(const lnorm__report *rp, const char *path)
 {
     FILE *f = fopen(path, "w");
@@ -132,6 +157,7 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
     fprintf(f, ",\n  \"commit\": ");
     json_str(f, rp->commit);
     fprintf(f, ",\n  \"cpus_online\": %ld", sysconf(_SC_NPROCESSORS_ONLN));
+    fprintf(f, ",\n  \"procs\": %d", rp->procs > 0 ? rp->procs : 1);
     fprintf(f, ",\n  \"host\": ");
     json_str(f, rp->host);
     fprintf(f, ",\n  \"command\": ");
@@ -165,7 +191,8 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
         json_str(f, r->label);
         fprintf(f, ", \"driver\": ");
         json_str(f, r->driver);
-        fprintf(f, ", \"mode\": \"%s\", ", r->open_loop ? "open" : "closed");
+        fprintf(f, ", \"mode\": \"%s\", \"procs\": %d, ", r->open_loop ? "open" : "closed",
+                r->procs > 0 ? r->procs : 1);
         if (r->open_loop) {
             fprintf(f, "\"offered_rate\": ");
             json_num(f, r->rate);
@@ -249,6 +276,9 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
             fprintf(f, "null");
         fprintf(f, "}, \"backlogged_sends\": %llu, \"loadavg_at_start\": ", (unsigned long long)r->backlogged);
         json_str(f, r->loadavg);
+        fprintf(f, ", \"latency_count\": %llu", (unsigned long long)r->lat_count);
+        if (r->parts)
+            json_parts(f, r);
         fprintf(f, "}");
     }
     fprintf(f, "\n  ],\n  \"ratios_vs_echo\": [");
@@ -293,20 +323,21 @@ int lnorm__report_csv(const lnorm__report *rp, const char *path)
     fprintf(f, "date,device,commit,target,driver,mode,concurrency,offered_rate,requests,errors,"
                "elapsed_s,req_per_s,rows_per_s,gb_per_s,p50_us,p90_us,p99_us,p99_9_us,max_us,"
                "mean_us,srv_queue_us,srv_compute_us,batch_rows,batch_requests,verified,"
-               "mismatches\n");
+               "mismatches,procs\n");
     for (size_t i = 0; i < rp->n; i++) {
         const lnorm__runres *r = &rp->runs[i];
         if (r->error[0])
             continue;
         fprintf(f, "%s,\"%s\",%s,%s,%s,%s,%d,%.6g,%llu,%llu,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
-                   "%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu\n",
+                   "%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%d\n",
                 rp->date, rp->device, rp->commit, r->label, r->driver,
                 r->open_loop ? "open" : "closed", r->concurrency, r->open_loop ? r->rate : 0,
                 (unsigned long long)r->ok, (unsigned long long)r->errors, r->elapsed_s, r->rps,
                 r->rows_ps, r->gbps, us(r->p50_ns), us(r->p90_ns), us(r->p99_ns),
                 us(r->p999_ns), us(r->max_ns), r->mean_ns / 1e3, r->srv_queue_us,
                 r->srv_compute_us, r->batch_rows, r->batch_requests,
-                (unsigned long long)r->verified, (unsigned long long)r->mismatches);
+                (unsigned long long)r->verified, (unsigned long long)r->mismatches,
+                r->procs > 0 ? r->procs : 1);
     }
     return fclose(f) == 0 ? 0 : -1;
 }

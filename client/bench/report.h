@@ -24,6 +24,7 @@ typedef struct lnorm__report {
     double duration_s, warmup_s;
     const char *const *tags; /* "KEY=VALUE" */
     size_t ntags;
+    int procs;             /* load processes (--procs) */
 } lnorm__report;
 
 /* lnormd / echo at the same load: throughput and latency ratios. Returns
