@@ -3,9 +3,10 @@
  * lock on whichever thread has cause: the one that queues a request, the
  * one that finishes a batch (the backend has room again), and the loop
  * thread when the timerfd fires (a max_queue_delay_us wait ends, a queued
- * deadline passes) or the options change.
+ * deadline or max_queue_us passes) or the options change.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -17,9 +18,12 @@
 struct lnorm__batcher {
     pthread_mutex_t mu;
     pthread_cond_t idle_cv;   /* signalled when a job finishes */
-    lnorm__req *head, *tail;  /* the queue, in arrival order */
-    uint64_t qlen, qrows, qbytes;
-    uint64_t qdeadlines;      /* queued requests that have a deadline */
+    struct {
+        lnorm__req *head, *tail; /* in arrival order */
+        uint64_t n;
+    } q[LNORM__MAX_PRIORITY]; /* one queue per priority level ([0]: level 1) */
+    uint64_t qlen, qrows, qbytes; /* all levels */
+    uint64_t qdeadlines;      /* queued requests with a deadline or a max queue wait */
     int inflight;             /* jobs on the backend */
     int kickers;              /* threads inside lnorm__kick_locked */
     int rekick;               /* a job finished inside a kick on its thread */
@@ -64,6 +68,29 @@ static void lnorm__on_timer(uv_poll_t *h, int status, int events)
     lnorm__kick_locked(b);
 }
 
+/* When r leaves the queue unless taken first: its deadline or the end of
+ * its longest queue wait, the earlier (0: never). */
+static uint64_t lnorm__expiry(const lnorm__req *r)
+{
+    uint64_t a = r->deadline_ns, q = r->queue_deadline_ns;
+    return !a ? q : !q ? a : a < q ? a : q;
+}
+
+/* The options with their priority fields in range. */
+static lnorm__batcher_opts lnorm__opts_fixed(const lnorm__batcher_opts *o)
+{
+    lnorm__batcher_opts f = *o;
+    if (f.priority_levels < 1)
+        f.priority_levels = 1;
+    if (f.priority_levels > LNORM__MAX_PRIORITY)
+        f.priority_levels = LNORM__MAX_PRIORITY;
+    if (f.default_priority < 1)
+        f.default_priority = 1;
+    if (f.default_priority > f.priority_levels)
+        f.default_priority = f.priority_levels;
+    return f;
+}
+
 /* Arm the timer for the absolute monotonic time at (0: disarm); lock held
  * (any thread: the timerfd is polled by the loop, set by whoever kicks). */
 static void lnorm__timer_set_locked(lnorm__batcher *b, uint64_t at)
@@ -88,7 +115,8 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
         return LNORM_ENOMEM;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->idle_cv, NULL);
-    b->opts = *opts;
+    b->opts = lnorm__opts_fixed(opts);
+    atomic_store(&st->priority_levels, (int)b->opts.priority_levels);
     b->be = be;
     b->max_inflight = be->ops->max_inflight ? be->ops->max_inflight(be) : 1;
     if (b->max_inflight < 1)
@@ -111,28 +139,52 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
     return LNORM_OK;
 }
 
-int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r)
+int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r, char *why, size_t why_len)
 {
     r->next = NULL;
     pthread_mutex_lock(&b->mu);
-    if (b->qlen >= b->opts.max_queue) {
-        pthread_mutex_unlock(&b->mu);
-        return LNORM_EQUEUEFULL;
+    const lnorm__batcher_opts *o = &b->opts;
+    int rc = LNORM_OK;
+    unsigned lv = r->priority ? r->priority : o->default_priority;
+    if (r->priority > o->priority_levels) {
+        snprintf(why, why_len, "normalize.priority: %u is out of range [0, %u] (priority-levels %u; 0: "
+                 "default-priority %u)", r->priority, o->priority_levels, o->priority_levels, o->default_priority);
+        rc = LNORM_EINVAL;
+    } else if (b->qlen >= o->max_queue) {
+        snprintf(why, why_len, "queue full: %llu requests waiting (max-queue)", (unsigned long long)o->max_queue);
+        rc = LNORM_EQUEUEFULL;
+    } else if (o->priority_max_queue[lv - 1] && b->q[lv - 1].n >= o->priority_max_queue[lv - 1]) {
+        snprintf(why, why_len, "queue full at priority %u: %llu requests of that level waiting (priority-max-queue)",
+                 lv, (unsigned long long)o->priority_max_queue[lv - 1]);
+        atomic_fetch_add(&b->st->level[lv - 1].rejected, 1);
+        rc = LNORM_EQUEUEFULL;
+    } else if (b->closed) {
+        snprintf(why, why_len, "shutting down");
+        rc = LNORM_EUNAVAIL;
     }
-    if (b->closed) {
+    if (rc != LNORM_OK) {
         pthread_mutex_unlock(&b->mu);
-        return LNORM_EUNAVAIL;
+        return rc;
     }
-    if (b->tail)
-        b->tail->next = r;
+    r->priority = lv;
+    if (!r->max_queue_us)
+        r->max_queue_us = o->max_queue_wait_us;
+    r->queue_deadline_ns = 0;
+    if (r->max_queue_us)
+        r->queue_deadline_ns =
+            r->recv_ns + (r->max_queue_us > UINT64_MAX / 4000 ? UINT64_MAX / 4 : r->max_queue_us * 1000);
+    if (b->q[lv - 1].tail)
+        b->q[lv - 1].tail->next = r;
     else
-        b->head = r;
-    b->tail = r;
+        b->q[lv - 1].head = r;
+    b->q[lv - 1].tail = r;
+    b->q[lv - 1].n++;
     b->qlen++;
     b->qrows += r->rows;
     b->qbytes += r->bytes;
-    b->qdeadlines += r->deadline_ns != 0;
+    b->qdeadlines += lnorm__expiry(r) != 0;
     atomic_fetch_add(&b->st->queue_depth, 1);
+    atomic_fetch_add(&b->st->level[lv - 1].queue_depth, 1);
     /* Form and submit batches right here, on the queueing thread: no
      * hand-off to the loop (it only fires the timerfd). */
     lnorm__kick_locked(b);
@@ -142,7 +194,8 @@ int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r)
 void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts)
 {
     pthread_mutex_lock(&b->mu);
-    b->opts = *opts;
+    b->opts = lnorm__opts_fixed(opts);
+    atomic_store(&b->st->priority_levels, (int)b->opts.priority_levels);
     lnorm__kick_locked(b);
 }
 
@@ -156,26 +209,29 @@ void lnorm__batcher_get_opts(lnorm__batcher *b, lnorm__batcher_opts *out)
 int lnorm__batcher_idle(lnorm__batcher *b)
 {
     pthread_mutex_lock(&b->mu);
-    int idle = !b->head && !b->inflight && !b->kickers;
+    int idle = !b->qlen && !b->inflight && !b->kickers;
     pthread_mutex_unlock(&b->mu);
     return idle;
 }
 
-/* Unlink r (whose predecessor is prev) from the queue; lock held. */
+/* Unlink r (whose predecessor is prev) from its level's queue; lock held. */
 static void lnorm__unlink_locked(lnorm__batcher *b, lnorm__req *prev, lnorm__req *r)
 {
+    unsigned l = r->priority - 1;
     if (prev)
         prev->next = r->next;
     else
-        b->head = r->next;
-    if (b->tail == r)
-        b->tail = prev;
+        b->q[l].head = r->next;
+    if (b->q[l].tail == r)
+        b->q[l].tail = prev;
     r->next = NULL;
+    b->q[l].n--;
     b->qlen--;
     b->qrows -= r->rows;
     b->qbytes -= r->bytes;
-    b->qdeadlines -= r->deadline_ns != 0;
+    b->qdeadlines -= lnorm__expiry(r) != 0;
     atomic_fetch_sub(&b->st->queue_depth, 1);
+    atomic_fetch_sub(&b->st->level[l].queue_depth, 1);
 }
 
 static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t compute_ns)
@@ -212,17 +268,25 @@ static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t 
     pthread_mutex_unlock(&b->mu);
 }
 
-/* Take one batch from the head of the queue; lock held, queue not empty. */
+/* Take one batch: requests from the highest level down, FIFO within a
+ * level, up to the first that does not fit the caps; lock held, queue
+ * not empty. */
 static lnorm__bjob *lnorm__take_locked(lnorm__batcher *b)
 {
-    size_t n = 0;
+    size_t n = 0, per[LNORM__MAX_PRIORITY] = {0};
     uint64_t rows = 0, bytes = 0;
-    for (lnorm__req *r = b->head; r; r = r->next) {
-        if (n > 0 && (rows + r->rows > b->opts.max_batch_rows || bytes + r->bytes > b->opts.max_batch_bytes))
-            break;
-        n++;
-        rows += r->rows;
-        bytes += r->bytes;
+    int full = 0;
+    for (int l = LNORM__MAX_PRIORITY - 1; l >= 0 && !full; l--) {
+        for (lnorm__req *r = b->q[l].head; r; r = r->next) {
+            if (n > 0 && (rows + r->rows > b->opts.max_batch_rows || bytes + r->bytes > b->opts.max_batch_bytes)) {
+                full = 1;
+                break;
+            }
+            n++;
+            per[l]++;
+            rows += r->rows;
+            bytes += r->bytes;
+        }
     }
     lnorm__bjob *j = malloc(sizeof *j + n * (sizeof(lnorm__req *) + sizeof(lnorm_segment)));
     if (!j)
@@ -231,11 +295,14 @@ static lnorm__bjob *lnorm__take_locked(lnorm__batcher *b)
     j->segs = (lnorm_segment *)(j + 1);
     j->reqs = (lnorm__req **)(j->segs + n);
     j->b = b;
-    for (size_t i = 0; i < n; i++) {
-        lnorm__req *r = b->head;
-        lnorm__unlink_locked(b, NULL, r);
-        j->reqs[i] = r;
-        j->segs[i] = r->dec.seg;
+    size_t i = 0;
+    for (int l = LNORM__MAX_PRIORITY - 1; l >= 0; l--) {
+        for (size_t k = 0; k < per[l]; k++, i++) {
+            lnorm__req *r = b->q[l].head;
+            lnorm__unlink_locked(b, NULL, r);
+            j->reqs[i] = r;
+            j->segs[i] = r->dec.seg;
+        }
     }
     j->n = n;
     j->job.batch.segs = j->segs;
@@ -271,20 +338,28 @@ static void lnorm__kick_locked(lnorm__batcher *b)
         uint64_t now = lnorm__now_ns(), wake_at = 0;
 
         b->rekick = 0;
-        /* Requests past their deadline leave the queue uncomputed. */
-        for (lnorm__req *prev = NULL, *r = b->qdeadlines ? b->head : NULL; r;) {
-            lnorm__req *next = r->next;
-            if (r->deadline_ns && now >= r->deadline_ns) {
-                lnorm__unlink_locked(b, prev, r);
-                *exp_tail = r;
-                exp_tail = &r->next;
-            } else {
-                prev = r;
+        /* Requests past their deadline or max queue wait leave the queue
+         * uncomputed. */
+        for (int l = 0; l < LNORM__MAX_PRIORITY && b->qdeadlines; l++) {
+            for (lnorm__req *prev = NULL, *r = b->q[l].head; r;) {
+                lnorm__req *next = r->next;
+                uint64_t e = lnorm__expiry(r);
+                if (e && now >= e) {
+                    lnorm__unlink_locked(b, prev, r);
+                    *exp_tail = r;
+                    exp_tail = &r->next;
+                } else {
+                    prev = r;
+                }
+                r = next;
             }
-            r = next;
         }
-        while (b->head && b->inflight < b->max_inflight && njobs < 64) {
-            uint64_t ready_at = b->head->recv_ns + b->opts.max_queue_delay_us * 1000;
+        while (b->qlen && b->inflight < b->max_inflight && njobs < 64) {
+            uint64_t oldest = UINT64_MAX;
+            for (int l = 0; l < LNORM__MAX_PRIORITY; l++)
+                if (b->q[l].head && b->q[l].head->recv_ns < oldest)
+                    oldest = b->q[l].head->recv_ns;
+            uint64_t ready_at = oldest + b->opts.max_queue_delay_us * 1000;
             if (b->opts.max_queue_delay_us && now < ready_at && b->qrows < b->opts.max_batch_rows &&
                 b->qbytes < b->opts.max_batch_bytes) {
                 wake_at = ready_at;
@@ -299,9 +374,13 @@ static void lnorm__kick_locked(lnorm__batcher *b)
             atomic_fetch_add(&b->st->batches_inflight, 1);
             jobs[njobs++] = j;
         }
-        for (lnorm__req *r = b->qdeadlines ? b->head : NULL; r; r = r->next)
-            if (r->deadline_ns && (!wake_at || r->deadline_ns < wake_at))
-                wake_at = r->deadline_ns;
+        for (int l = 0; l < LNORM__MAX_PRIORITY && b->qdeadlines; l++) {
+            for (lnorm__req *r = b->q[l].head; r; r = r->next) {
+                uint64_t e = lnorm__expiry(r);
+                if (e && (!wake_at || e < wake_at))
+                    wake_at = e;
+            }
+        }
         /* With a batch running, its completion kicks again: no timer is
          * needed for a head that is ready but waiting for room. */
         lnorm__timer_set_locked(b, wake_at ? (wake_at > now ? wake_at : now + 1) : 0);
@@ -312,7 +391,15 @@ static void lnorm__kick_locked(lnorm__batcher *b)
             expired = r->next;
             r->next = NULL;
             lnorm__timing t = {(now - r->recv_ns) / 1000, 0, 0, 0};
-            b->finish(b->arg, r, LNORM_ETIMEDOUT, "deadline exceeded while queued", &t);
+            if (r->queue_deadline_ns && r->queue_deadline_ns == lnorm__expiry(r)) {
+                char why[128];
+                snprintf(why, sizeof why, "waited past max_queue_us (%llu us) in the queue at priority %u; not run",
+                         (unsigned long long)r->max_queue_us, r->priority);
+                atomic_fetch_add(&b->st->level[r->priority - 1].queue_timeouts, 1);
+                b->finish(b->arg, r, LNORM_ETIMEDOUT, why, &t);
+            } else {
+                b->finish(b->arg, r, LNORM_ETIMEDOUT, "deadline exceeded while queued", &t);
+            }
         }
         for (int i = 0; i < njobs; i++) {
             lnorm__bjob *j = jobs[i];
@@ -320,8 +407,13 @@ static void lnorm__kick_locked(lnorm__batcher *b)
             atomic_fetch_add(&b->st->batches, 1);
             lnorm__hist_observe(&b->st->batch_rows, (double)j->job.rows);
             lnorm__hist_observe(&b->st->batch_requests, (double)j->n);
-            for (size_t k = 0; k < j->n; k++)
-                lnorm__hist_observe(&b->st->queue_seconds, (double)(j->start_ns - j->reqs[k]->recv_ns) / 1e9);
+            for (size_t k = 0; k < j->n; k++) {
+                lnorm__req *r = j->reqs[k];
+                double qs = (double)(j->start_ns - r->recv_ns) / 1e9;
+                lnorm__hist_observe(&b->st->queue_seconds, qs);
+                lnorm__hist_observe(&b->st->level[r->priority - 1].queue_seconds, qs);
+                atomic_fetch_add(&b->st->level[r->priority - 1].taken, 1);
+            }
             /* The backend may run the job right here and call done. */
             int rc = b->be->ops->submit(b->be, &j->job);
             if (rc != LNORM_OK)
@@ -352,11 +444,13 @@ void lnorm__batcher_abort(lnorm__batcher *b)
     lnorm__req *list = NULL, **tail = &list;
     pthread_mutex_lock(&b->mu);
     b->closed = 1;
-    while (b->head) {
-        lnorm__req *r = b->head;
-        lnorm__unlink_locked(b, NULL, r);
-        *tail = r;
-        tail = &r->next;
+    for (int l = LNORM__MAX_PRIORITY - 1; l >= 0; l--) {
+        while (b->q[l].head) {
+            lnorm__req *r = b->q[l].head;
+            lnorm__unlink_locked(b, NULL, r);
+            *tail = r;
+            tail = &r->next;
+        }
     }
     pthread_mutex_unlock(&b->mu);
     while (list) {

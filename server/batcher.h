@@ -7,9 +7,13 @@
  * queues a request or finishes a batch; the daemon's loop thread forms one
  * only when the wait or a deadline ends (a timerfd) or the options change
  * (SIGHUP, drain). Requests of any shape, dtype and op share a batch as segments.
- * A request whose deadline passes while queued is answered
- * DEADLINE_EXCEEDED and never computed. Every request submitted is
- * finished exactly once.
+ * Each request has a priority level (1..priority_levels): a batch takes
+ * requests from the highest level down, FIFO within a level, and stops at
+ * the first that does not fit the caps; a level may have its own queue
+ * limit. A request whose deadline, or whose longest queue wait
+ * (max_queue_us: queueing only, not compute), passes while queued is
+ * answered DEADLINE_EXCEEDED and never computed; both end on the same
+ * timerfd. Every request submitted is finished exactly once.
  */
 #ifndef LNORM_SERVER_BATCHER_H
 #define LNORM_SERVER_BATCHER_H
@@ -27,6 +31,10 @@ typedef struct lnorm__batcher_opts {
     uint64_t max_batch_bytes;
     uint64_t max_queue_delay_us;
     uint64_t max_queue;
+    unsigned priority_levels;   /* 1..LNORM__MAX_PRIORITY (0: 1) */
+    unsigned default_priority;  /* level of a request that asks none (0: 1; capped at the levels) */
+    uint64_t priority_max_queue[LNORM__MAX_PRIORITY]; /* [0]: level 1; 0: only max_queue */
+    uint64_t max_queue_wait_us; /* for a request that asks none; 0: no limit */
 } lnorm__batcher_opts;
 
 /* Called once per request, from any thread: err LNORM_OK with outputs
@@ -35,8 +43,12 @@ typedef void (*lnorm__finish_fn)(void *arg, lnorm__req *r, int err, const char *
 
 int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend *be, lnorm__stats *st,
                           const lnorm__batcher_opts *opts, lnorm__finish_fn finish, void *arg);
-/* Queue a request (any thread). LNORM_EQUEUEFULL: not queued, caller keeps r. */
-int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r);
+/* Queue a request (any thread): r->priority (0: the default level) and
+ * r->max_queue_us (0: max_queue_wait_us) are resolved here. On an error
+ * the request is not queued and the caller keeps r; why (why_len bytes)
+ * says why: LNORM_EINVAL (priority out of range), LNORM_EQUEUEFULL
+ * (max_queue, or the level's limit), LNORM_EUNAVAIL (closed). */
+int lnorm__batcher_submit(lnorm__batcher *b, lnorm__req *r, char *why, size_t why_len);
 /* Change the options (loop thread). */
 void lnorm__batcher_set_opts(lnorm__batcher *b, const lnorm__batcher_opts *opts);
 /* The options in force (any thread: SIGHUP changes them on the loop

@@ -82,6 +82,17 @@ static const lnorm__key lnorm__keys[] = {
      "longest wait for a batch to fill (0: take whatever queued while the backend was busy)"},
     {"max-queue", K_U64, O(max_queue), 1, 1000000, "1024",
      "requests waiting for a batch; more get RESOURCE_EXHAUSTED"},
+    {"priority-levels", K_U64, O(priority_levels), 1, 16, "1",
+     "batching priority levels: a Normalize request's priority is 1..N (0: default-priority), and a batch "
+     "takes the highest level first, FIFO within a level"},
+    {"default-priority", K_U64, O(default_priority), 1, 16, "1",
+     "level of a request that asks none (priority 0); at most priority-levels"},
+    {"priority-max-queue", K_STR, O(priority_max_queue_list), 0, 0, "",
+     "comma-separated queue limit of levels 1, 2, ... (0 or left out: max-queue only); a request over its "
+     "level's limit gets RESOURCE_EXHAUSTED"},
+    {"max-queue-wait-us", K_U64, O(max_queue_wait_us), 0, 3600000000ull, "0",
+     "longest a Normalize request may wait in the queue, for one that gives no max_queue_us; then "
+     "DEADLINE_EXCEEDED, never computed (0: no limit)"},
     {"max-message-bytes", K_U64, O(max_message_bytes), 1024, 1ull << 31, "67108864",
      "largest request accepted (RESOURCE_EXHAUSTED above; the NNG receive limit is this plus 1 MiB, "
      "larger messages are dropped by NNG)"},
@@ -249,6 +260,42 @@ static int lnorm__config_file(lnorm__config *cfg, const char *path, char *err, s
     return rc;
 }
 
+/* priority-max-queue: "N1,N2,..." into cfg->priority_max_queue, one per
+ * level (at most priority-levels of them, each 0..max-queue bound). */
+static int lnorm__priority_list(lnorm__config *cfg, char *err, size_t errlen)
+{
+    memset(cfg->priority_max_queue, 0, sizeof cfg->priority_max_queue);
+    const char *p = cfg->priority_max_queue_list;
+    for (unsigned n = 0; *p; n++) {
+        while (*p == ' ')
+            p++;
+        if (*p < '0' || *p > '9')
+            goto bad;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v > 1000000)
+            goto bad;
+        if (n >= cfg->priority_levels) {
+            snprintf(err, errlen, "priority-max-queue: more values than priority-levels (%llu)",
+                     (unsigned long long)cfg->priority_levels);
+            return -1;
+        }
+        cfg->priority_max_queue[n] = v;
+        for (p = end; *p == ' '; p++)
+            ;
+        if (*p == ',' && p[1])
+            p++;
+        else if (*p)
+            goto bad;
+    }
+    return 0;
+bad:
+    snprintf(err, errlen, "priority-max-queue: '%s' is not a comma-separated list of numbers 0..1000000",
+             cfg->priority_max_queue_list);
+    return -1;
+}
+
 int lnorm__config_reload(int argc, char **argv, lnorm__config *out, char *errbuf, size_t errlen)
 {
     int rc = lnorm__config_from_args(out, argc, argv, errbuf, errlen);
@@ -325,6 +372,13 @@ int lnorm__config_from_args(lnorm__config *cfg, int argc, char **argv, char *err
         strcpy(cfg->listen[1], "ipc:///tmp/lnormd.sock");
         cfg->nlisten = 2;
     }
+    if (cfg->default_priority > cfg->priority_levels) {
+        snprintf(err, errlen, "default-priority: %llu is above priority-levels %llu",
+                 (unsigned long long)cfg->default_priority, (unsigned long long)cfg->priority_levels);
+        return -1;
+    }
+    if (lnorm__priority_list(cfg, err, errlen) != 0)
+        return -1;
     if ((cfg->tls_cert[0] != 0) != (cfg->tls_key[0] != 0)) {
         snprintf(err, errlen, "tls-cert and tls-key go together");
         return -1;
@@ -377,7 +431,8 @@ void lnorm__config_usage(FILE *f, const char *prog)
     }
     fprintf(f, "  %-28s %s\n  %-28s %s\n", "--help", "this text", "--version", "print the version");
     fprintf(f, "\nSignals: SIGINT/SIGTERM drain and exit 0; SIGHUP reloads log-level, max-queue-delay-us,\n"
-               "max-batch-rows, max-batch-bytes and max-queue from the config file (flags still override it).\n"
+               "max-batch-rows, max-batch-bytes, max-queue, priority-levels, default-priority,\n"
+               "priority-max-queue and max-queue-wait-us from the config file (flags still override it).\n"
                "A bad option or config file exits with status 2.\n");
 }
 

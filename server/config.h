@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "stats.h" /* LNORM__MAX_PRIORITY */
+
 #define LNORM__MAX_LISTEN 16
 #define LNORM__STR_MAX 1024
 
@@ -32,6 +34,11 @@ typedef struct lnorm__config {
     uint64_t max_batch_bytes;
     uint64_t max_queue_delay_us;
     uint64_t max_queue;
+    uint64_t priority_levels;
+    uint64_t default_priority;
+    char priority_max_queue_list[LNORM__STR_MAX];
+    uint64_t priority_max_queue[LNORM__MAX_PRIORITY]; /* parsed from the list; [0]: level 1 */
+    uint64_t max_queue_wait_us;
     uint64_t max_message_bytes;
     uint64_t max_rows;
     uint64_t max_hidden;

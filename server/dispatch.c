@@ -243,15 +243,9 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
         r->rows = (uint64_t)s->rows;
         r->bytes = r->dec.in_bytes + r->dec.y_bytes + r->dec.res_out_bytes +
                    (r->mean ? r->dec.stat_bytes : 0) + (r->rstd ? r->dec.stat_bytes : 0);
-        rc = lnorm__batcher_submit(d->batcher, r);
-        if (rc == LNORM_EQUEUEFULL) {
-            lnorm__batcher_opts bo;
-            lnorm__batcher_get_opts(d->batcher, &bo);
-            snprintf(err, sizeof err, "queue full: %llu requests waiting (max-queue)",
-                     (unsigned long long)bo.max_queue);
-        }
-        else if (rc != LNORM_OK)
-            snprintf(err, sizeof err, "shutting down");
+        r->priority = r->dec.msg->normalize->priority;
+        r->max_queue_us = r->dec.msg->normalize->max_queue_us;
+        rc = lnorm__batcher_submit(d->batcher, r, err, sizeof err);
     }
     if (rc != LNORM_OK) {
         nng_msg *m = NULL;

@@ -83,6 +83,10 @@ static void lnorm__batcher_opts_of(const lnorm__config *c, lnorm__batcher_opts *
     o->max_batch_bytes = c->max_batch_bytes;
     o->max_queue_delay_us = c->max_queue_delay_us;
     o->max_queue = c->max_queue;
+    o->priority_levels = (unsigned)c->priority_levels;
+    o->default_priority = (unsigned)c->default_priority;
+    memcpy(o->priority_max_queue, c->priority_max_queue, sizeof o->priority_max_queue);
+    o->max_queue_wait_us = c->max_queue_wait_us;
 }
 
 static void lnorm__stop_loop(lnorm__daemon *d)
@@ -175,16 +179,24 @@ static void lnorm__on_signal(uv_signal_t *h, int signum)
         d->cfg.max_batch_rows = nc->max_batch_rows;
         d->cfg.max_batch_bytes = nc->max_batch_bytes;
         d->cfg.max_queue = nc->max_queue;
+        d->cfg.priority_levels = nc->priority_levels;
+        d->cfg.default_priority = nc->default_priority;
+        memcpy(d->cfg.priority_max_queue_list, nc->priority_max_queue_list, sizeof d->cfg.priority_max_queue_list);
+        memcpy(d->cfg.priority_max_queue, nc->priority_max_queue, sizeof d->cfg.priority_max_queue);
+        d->cfg.max_queue_wait_us = nc->max_queue_wait_us;
         free(nc);
         atomic_store(&lnorm__log_level, d->cfg.log_level);
         lnorm__batcher_opts bo;
         lnorm__batcher_opts_of(&d->cfg, &bo);
         lnorm__batcher_set_opts(d->batcher, &bo);
         LOG_INFO("SIGHUP: reloaded %s (log-level %s, max-queue-delay-us %llu, max-batch-rows %llu, "
-                 "max-batch-bytes %llu, max-queue %llu)",
+                 "max-batch-bytes %llu, max-queue %llu, priority-levels %llu, default-priority %llu, "
+                 "priority-max-queue '%s', max-queue-wait-us %llu)",
                  d->cfg.config_file, lnorm__log_level_name(d->cfg.log_level),
                  (unsigned long long)d->cfg.max_queue_delay_us, (unsigned long long)d->cfg.max_batch_rows,
-                 (unsigned long long)d->cfg.max_batch_bytes, (unsigned long long)d->cfg.max_queue);
+                 (unsigned long long)d->cfg.max_batch_bytes, (unsigned long long)d->cfg.max_queue,
+                 (unsigned long long)d->cfg.priority_levels, (unsigned long long)d->cfg.default_priority,
+                 d->cfg.priority_max_queue_list, (unsigned long long)d->cfg.max_queue_wait_us);
         return;
     }
     if (atomic_load(&d->draining)) {

@@ -14,6 +14,9 @@ typedef struct lnorm__req {
     lnorm__pset *pset;        /* registered params in use, or NULL */
     uint64_t recv_ns;         /* receipt (monotonic) */
     uint64_t deadline_ns;     /* 0: none */
+    unsigned priority;        /* as asked (0: default); the level 1..16 once queued */
+    uint64_t max_queue_us;    /* as asked (0: the server's); the wait in force once queued */
+    uint64_t queue_deadline_ns; /* receipt + max_queue_us (0: none; set by the batcher) */
     uint64_t rows;
     uint64_t bytes;           /* payload in + out */
     uint64_t reserved;        /* counted in the daemon's in-flight bytes */

@@ -1,5 +1,6 @@
 /* Counters, histograms and their Prometheus rendering. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,10 @@ void lnorm__stats_init(lnorm__stats *s)
     lnorm__hist_init(&s->queue_seconds, "lnormd_queue_seconds",
                      "Time from receipt to the start of the batch's compute.", 1e-6, 2, 24);
     lnorm__hist_init(&s->compute_seconds, "lnormd_compute_seconds", "Backend compute time per batch.", 1e-6, 2, 24);
+    for (int i = 0; i < LNORM__MAX_PRIORITY; i++)
+        lnorm__hist_init(&s->level[i].queue_seconds, "lnormd_priority_queue_seconds",
+                         "Time from receipt to the start of the batch's compute, by priority level.", 1e-6, 2, 24);
+    atomic_store(&s->priority_levels, 1);
     s->start_ns = lnorm__now_ns();
 }
 
@@ -113,17 +118,63 @@ static void lnorm__render_counter(lnorm__sbuf *b, const char *name, const char *
     lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
 }
 
-static void lnorm__render_hist(lnorm__sbuf *b, lnorm__hist *h)
+/* A histogram's series; label: "" or one label pair, e.g. priority="2"
+ * (then HELP and TYPE are the caller's, once for every label value). */
+static void lnorm__render_hist_series(lnorm__sbuf *b, lnorm__hist *h, const char *label)
 {
-    lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    const char *sep = label[0] ? "," : "";
     unsigned long long cum = 0;
     for (int i = 0; i < h->nb; i++) {
         cum += LD(h->counts[i]);
-        lnorm__sb_printf(b, "%s_bucket{le=\"%.9g\"} %llu\n", h->name, h->bounds[i], cum);
+        lnorm__sb_printf(b, "%s_bucket{%s%sle=\"%.9g\"} %llu\n", h->name, label, sep, h->bounds[i], cum);
     }
     cum += LD(h->counts[h->nb]);
-    lnorm__sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", h->name, cum, h->name,
-                     atomic_load_explicit(&h->sum, memory_order_relaxed), h->name, cum);
+    const char *lo = label[0] ? "{" : "", *lc = label[0] ? "}" : "";
+    lnorm__sb_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s%s%s %.9g\n%s_count%s%s%s %llu\n", h->name, label,
+                     sep, cum, h->name, lo, label, lc, atomic_load_explicit(&h->sum, memory_order_relaxed), h->name,
+                     lo, label, lc, cum);
+}
+
+static void lnorm__render_hist(lnorm__sbuf *b, lnorm__hist *h)
+{
+    lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    lnorm__render_hist_series(b, h, "");
+}
+
+/* The lnormd_priority_* series of levels 1..n (label priority="N"). */
+static void lnorm__render_levels(lnorm__sbuf *b, lnorm__stats *s, int n)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+        int gauge;
+    } m[] = {
+        {"lnormd_priority_queue_depth", "gauge", "Requests waiting for a batch, by priority level.",
+         offsetof(lnorm__level_stats, queue_depth), 1},
+        {"lnormd_priority_taken_total", "counter", "Requests taken into a batch, by priority level.",
+         offsetof(lnorm__level_stats, taken), 0},
+        {"lnormd_priority_queue_timeouts_total", "counter",
+         "Requests answered DEADLINE_EXCEEDED after waiting past max_queue_us, by priority level.",
+         offsetof(lnorm__level_stats, queue_timeouts), 0},
+        {"lnormd_priority_rejected_total", "counter",
+         "Requests refused RESOURCE_EXHAUSTED by the level's queue limit (priority-max-queue), by priority level.",
+         offsetof(lnorm__level_stats, rejected), 0},
+    };
+    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+        lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", m[k].name, m[k].help, m[k].name, m[k].type);
+        for (int i = 0; i < n; i++) {
+            char *f = (char *)&s->level[i] + m[k].off;
+            long long v = m[k].gauge ? LDS(*(atomic_int_fast64_t *)f) : (long long)LD(*(atomic_uint_fast64_t *)f);
+            lnorm__sb_printf(b, "%s{priority=\"%d\"} %lld\n", m[k].name, i + 1, v);
+        }
+    }
+    lnorm__hist *h = &s->level[0].queue_seconds;
+    lnorm__sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    for (int i = 0; i < n; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "priority=\"%d\"", i + 1);
+        lnorm__render_hist_series(b, &s->level[i].queue_seconds, label);
+    }
 }
 
 int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t *len)
@@ -166,6 +217,8 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_hist(&b, &s->batch_requests);
     lnorm__render_hist(&b, &s->queue_seconds);
     lnorm__render_hist(&b, &s->compute_seconds);
+    int nlev = atomic_load(&s->priority_levels);
+    lnorm__render_levels(&b, s, nlev < 1 ? 1 : nlev > LNORM__MAX_PRIORITY ? LNORM__MAX_PRIORITY : nlev);
     lnorm__sb_printf(&b, "# HELP lnormd_uptime_seconds Seconds since start.\n# TYPE lnormd_uptime_seconds gauge\nlnormd_uptime_seconds %.3f\n",
                      (double)(lnorm__now_ns() - s->start_ns) / 1e9);
     lnorm__sb_printf(&b, "# HELP lnormd_info Build and backend.\n# TYPE lnormd_info gauge\nlnormd_info{version=\"%s\",backend=\"%s\"} 1\n",

@@ -9,6 +9,8 @@
 
 #define LNORM__HIST_MAXB 24
 #define LNORM__NCODES 17
+/* Batching priority levels lnormd can be configured with (priority-levels). */
+#define LNORM__MAX_PRIORITY 16
 
 typedef struct lnorm__hist {
     const char *name;
@@ -19,6 +21,15 @@ typedef struct lnorm__hist {
     atomic_uint_fast64_t n;
     _Atomic double sum;
 } lnorm__hist;
+
+/* One batching priority level (lnormd_priority_* series, label priority). */
+typedef struct lnorm__level_stats {
+    atomic_int_fast64_t queue_depth;     /* requests of the level waiting */
+    atomic_uint_fast64_t taken;          /* requests of the level taken into a batch */
+    atomic_uint_fast64_t queue_timeouts; /* answered DEADLINE_EXCEEDED past max_queue_us */
+    atomic_uint_fast64_t rejected;       /* refused: the level's queue was full */
+    lnorm__hist queue_seconds;           /* receipt to the start of the batch's compute */
+} lnorm__level_stats;
 
 typedef struct lnorm__stats {
     atomic_uint_fast64_t requests[LNORM__NCODES]; /* every reply, by wire status code */
@@ -45,6 +56,8 @@ typedef struct lnorm__stats {
     lnorm__hist batch_requests;
     lnorm__hist queue_seconds;
     lnorm__hist compute_seconds;
+    atomic_int priority_levels;         /* levels rendered (the batcher's option in force) */
+    lnorm__level_stats level[LNORM__MAX_PRIORITY]; /* [0]: level 1 */
     uint64_t start_ns;
 } lnorm__stats;
 

@@ -7,6 +7,18 @@
  *   test_batcher early         with a 10 s max_queue_delay_us, a batch whose
  *                              rows or bytes reach the cap leaves at once;
  *                              below both caps the queue waits
+ *   test_batcher priority      batches take the highest level first, FIFO
+ *                              within a level, a batch mixes levels up to
+ *                              the caps; priority 0 is default_priority;
+ *                              per-level metrics count it
+ *   test_batcher prio_limits   a level's own queue limit and max_queue are
+ *                              RESOURCE_EXHAUSTED, a priority above the
+ *                              levels INVALID_ARGUMENT, each saying which
+ *   test_batcher queue_wait    a request queued past its max_queue_us (or
+ *                              the default max_queue_wait_us) is answered
+ *                              DEADLINE_EXCEEDED and never reaches the
+ *                              backend; a deadline keeps its own message;
+ *                              the wait does not cover compute
  *
  * The fake backend takes one job at a time (max_inflight 1) and records
  * each batch (rows, bytes, segments, when); it finishes a job at once, or
@@ -14,6 +26,7 @@
  * queue behind it.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +37,7 @@
 #include "check.h"
 #include "testdaemon.h"
 
-enum { MAX_JOBS = 256 };
+enum { MAX_JOBS = 256, MAX_TAGS = 16, NTAGS = 100 };
 
 typedef struct fake_be {
     lnorm__backend base;
@@ -36,6 +49,7 @@ typedef struct fake_be {
         uint64_t rows, bytes;
         size_t nsegs;
         int64_t at_ms;
+        int tag[MAX_TAGS];   /* the requests' tags (segment x), in batch order */
     } job[MAX_JOBS];
 } fake_be;
 
@@ -48,6 +62,8 @@ static int fake_submit(lnorm__backend *be, lnorm__job *job)
         f->job[f->njobs].bytes = job->bytes;
         f->job[f->njobs].nsegs = job->batch.nsegs;
         f->job[f->njobs].at_ms = td_now_ms();
+        for (size_t i = 0; i < job->batch.nsegs && i < MAX_TAGS; i++)
+            f->job[f->njobs].tag[i] = (int)(uintptr_t)job->batch.segs[i].x;
     }
     f->njobs++;
     int hold = f->hold;
@@ -90,16 +106,24 @@ static int fake_njobs(fake_be *f)
     return n;
 }
 
-/* The daemon's side: every request finished exactly once, with OK. */
+/* The daemon's side: every request finished exactly once; by tag (1 ..
+ * NTAGS - 1), how many times, with which error and message. */
 static int g_finished, g_finish_errors;
+static int g_done[NTAGS], g_err[NTAGS];
+static char g_why[NTAGS][160];
 
 static void on_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
 {
     (void)arg;
-    (void)why;
     (void)t;
     g_finished++;
     g_finish_errors += err != LNORM_OK;
+    int tag = (int)(uintptr_t)r->dec.seg.x;
+    if (tag > 0 && tag < NTAGS) {
+        g_done[tag]++;
+        g_err[tag] = err;
+        snprintf(g_why[tag], sizeof g_why[tag], "%s", why ? why : "");
+    }
     free(r);
 }
 
@@ -109,9 +133,10 @@ typedef struct rig {
     fake_be be;
     lnorm__batcher *b;
     int submitted;
+    int want_errors;         /* requests meant to finish with an error */
 } rig;
 
-static void rig_open(rig *k, uint64_t max_rows, uint64_t max_bytes, uint64_t delay_us, int hold)
+static void rig_open_opts(rig *k, const lnorm__batcher_opts *o, int hold)
 {
     memset(k, 0, sizeof *k);
     uv_loop_init(&k->loop);
@@ -119,19 +144,53 @@ static void rig_open(rig *k, uint64_t max_rows, uint64_t max_bytes, uint64_t del
     k->be.base.ops = &fake_ops;
     pthread_mutex_init(&k->be.mu, NULL);
     k->be.hold = hold;
-    lnorm__batcher_opts o = {max_rows, max_bytes, delay_us, 10000};
-    int rc = lnorm__batcher_create(&k->b, &k->loop, &k->be.base, &k->st, &o, on_finish, NULL);
+    int rc = lnorm__batcher_create(&k->b, &k->loop, &k->be.base, &k->st, o, on_finish, NULL);
     CHECK(rc == LNORM_OK, "lnorm__batcher_create: %d", rc);
     g_finished = g_finish_errors = 0;
+    memset(g_done, 0, sizeof g_done);
+    memset(g_err, 0, sizeof g_err);
+    memset(g_why, 0, sizeof g_why);
+}
+
+static void rig_open(rig *k, uint64_t max_rows, uint64_t max_bytes, uint64_t delay_us, int hold)
+{
+    lnorm__batcher_opts o = {max_rows, max_bytes, delay_us, 10000, 1, 1, {0}, 0};
+    rig_open_opts(k, &o, hold);
+}
+
+/* Queue a request tagged tag (its segment's x) at priority prio with
+ * max_queue_us mq and deadline dl_ms from now (0: none); the submit's
+ * status, and its message in why (may be NULL). */
+static int submit_req(rig *k, uint64_t rows, int tag, unsigned prio, uint64_t mq, int dl_ms, char *why, size_t wn)
+{
+    char buf[256] = "";
+    lnorm__req *r = calloc(1, sizeof *r);
+    r->rows = rows;
+    r->bytes = 100;
+    r->dec.seg.x = (const void *)(uintptr_t)tag;
+    r->priority = prio;
+    r->max_queue_us = mq;
+    r->recv_ns = lnorm__now_ns();
+    if (dl_ms)
+        r->deadline_ns = r->recv_ns + (uint64_t)dl_ms * 1000000u;
+    int rc = lnorm__batcher_submit(k->b, r, buf, sizeof buf);
+    if (why)
+        snprintf(why, wn, "%s", buf);
+    if (rc != LNORM_OK)
+        free(r);
+    else
+        k->submitted++;
+    return rc;
 }
 
 static void submit(rig *k, uint64_t rows, uint64_t bytes)
 {
     lnorm__req *r = calloc(1, sizeof *r);
+    char why[256];
     r->rows = rows;
     r->bytes = bytes;
     r->recv_ns = lnorm__now_ns();
-    int rc = lnorm__batcher_submit(k->b, r);
+    int rc = lnorm__batcher_submit(k->b, r, why, sizeof why);
     CHECK(rc == LNORM_OK, "submit: %d", rc);
     if (rc != LNORM_OK)
         free(r);
@@ -167,7 +226,7 @@ static void rig_close(rig *k)
     }
     CHECK(lnorm__batcher_idle(k->b), "the batcher is not idle at the end");
     CHECK_EQ_INT(g_finished, k->submitted, "requests finished");
-    CHECK_EQ_INT(g_finish_errors, 0, "requests finished with an error");
+    CHECK_EQ_INT(g_finish_errors, k->want_errors, "requests finished with an error");
     lnorm__batcher_close(k->b);
     uv_run(&k->loop, UV_RUN_DEFAULT);
     lnorm__batcher_destroy(k->b);
@@ -264,17 +323,200 @@ static void test_early(void)
     check_early("max_batch_bytes 10000 passed", 1 << 20, 10000, 1, 3000, 4, 3);
 }
 
+/* The value of one /metrics series (exact name with labels), -1 if absent. */
+static double metric(rig *k, const char *series)
+{
+    char *txt;
+    size_t len;
+    double v = -1;
+    if (lnorm__stats_render(&k->st, "fake", &txt, &len) != 0)
+        return -2;
+    size_t n = strlen(series);
+    for (const char *p = txt; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (!strncmp(p, series, n) && p[n] == ' ') {
+            v = strtod(p + n + 1, NULL);
+            break;
+        }
+    }
+    free(txt);
+    return v;
+}
+
+static void check_metric(rig *k, const char *series, double want)
+{
+    double v = metric(k, series);
+    CHECK(v == want, "/metrics %s is %g, want %g", series, v, want);
+}
+
+/* The tags of batch i (1: the first behind the held job) as "a b c". */
+static void batch_tags(rig *k, int i, char *out, size_t n)
+{
+    out[0] = 0;
+    for (size_t s = 0; s < k->be.job[i].nsegs && s < MAX_TAGS; s++) {
+        size_t l = strlen(out);
+        snprintf(out + l, n - l, "%s%d", s ? " " : "", k->be.job[i].tag[s]);
+    }
+}
+
+static void test_priority(void)
+{
+    rig k;
+    /* 3 levels, unmarked requests at level 2; 10-row requests, 3 to a batch */
+    lnorm__batcher_opts o = {30, 1 << 20, 0, 10000, 3, 2, {0}, 0};
+    rig_open_opts(&k, &o, 1);
+    CHECK_EQ_INT(submit_req(&k, 10, 1, 1, 0, 0, NULL, 0), LNORM_OK, "held request");
+    static const struct {
+        int tag;
+        unsigned prio;
+    } q[] = {{10, 1}, {30, 3}, {20, 2}, {11, 1}, {31, 3}, {21, 2}, {22, 0}, {32, 3}};
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        CHECK_EQ_INT(submit_req(&k, 10, q[i].tag, q[i].prio, 0, 0, NULL, 0), LNORM_OK, "submit tag %d", q[i].tag);
+    check_metric(&k, "lnormd_priority_queue_depth{priority=\"1\"}", 2);
+    check_metric(&k, "lnormd_priority_queue_depth{priority=\"2\"}", 3);
+    check_metric(&k, "lnormd_priority_queue_depth{priority=\"3\"}", 3);
+    check_metric(&k, "lnormd_priority_taken_total{priority=\"1\"}", 1);
+    CHECK(metric(&k, "lnormd_priority_queue_depth{priority=\"4\"}") == -1, "/metrics shows a 4th level of 3");
+    while (fake_release(&k.be))
+        ;
+    static const char *const want[] = {"30 31 32", "20 21 22", "10 11"};
+    int n = fake_njobs(&k.be) - 1;
+    CHECK_EQ_INT(n, 3, "batches behind the held one");
+    for (int i = 1; i <= n && i <= 3; i++) {
+        char got[128];
+        batch_tags(&k, i, got, sizeof got);
+        printf("priority: batch %d: %s\n", i, got);
+        CHECK(!strcmp(got, want[i - 1]), "batch %d has requests %s, want %s (highest level first, FIFO within)", i,
+              got, want[i - 1]);
+    }
+    for (int l = 1; l <= 3; l++) {
+        char s[96];
+        snprintf(s, sizeof s, "lnormd_priority_queue_depth{priority=\"%d\"}", l);
+        check_metric(&k, s, 0);
+        snprintf(s, sizeof s, "lnormd_priority_taken_total{priority=\"%d\"}", l);
+        check_metric(&k, s, 3);
+        snprintf(s, sizeof s, "lnormd_priority_queue_seconds_count{priority=\"%d\"}", l);
+        check_metric(&k, s, 3);
+        snprintf(s, sizeof s, "lnormd_priority_queue_timeouts_total{priority=\"%d\"}", l);
+        check_metric(&k, s, 0);
+    }
+    rig_close(&k);
+}
+
+static void test_prio_limits(void)
+{
+    rig k;
+    char why[256];
+    /* 2 levels; level 1 holds at most 2 queued, level 2 only max_queue (5) */
+    lnorm__batcher_opts o = {1000, 1 << 20, 0, 5, 2, 1, {2, 0}, 0};
+    rig_open_opts(&k, &o, 1);
+    CHECK_EQ_INT(submit_req(&k, 1, 1, 1, 0, 0, NULL, 0), LNORM_OK, "held request");
+    CHECK_EQ_INT(submit_req(&k, 1, 10, 1, 0, 0, NULL, 0), LNORM_OK, "1st at level 1");
+    CHECK_EQ_INT(submit_req(&k, 1, 11, 0, 0, 0, NULL, 0), LNORM_OK, "2nd at level 1 (default)");
+    int rc = submit_req(&k, 1, 12, 1, 0, 0, why, sizeof why);
+    printf("prio_limits: 3rd at level 1: %s: %s\n", lnorm_errname(rc), why);
+    CHECK_EQ_INT(rc, LNORM_EQUEUEFULL, "3rd request at level 1 (limit 2)");
+    CHECK(strstr(why, "priority 1") && strstr(why, "priority-max-queue"), "level-full message: %s", why);
+    CHECK_EQ_INT(submit_req(&k, 1, 13, 0, 0, 0, NULL, 0), LNORM_EQUEUEFULL, "default-level request, level 1 full");
+    for (int t = 20; t < 23; t++)
+        CHECK_EQ_INT(submit_req(&k, 1, t, 2, 0, 0, NULL, 0), LNORM_OK, "level 2 request %d (level 1 full)", t);
+    rc = submit_req(&k, 1, 23, 2, 0, 0, why, sizeof why);
+    printf("prio_limits: 6th queued: %s: %s\n", lnorm_errname(rc), why);
+    CHECK_EQ_INT(rc, LNORM_EQUEUEFULL, "a 6th request with max_queue 5");
+    CHECK(strstr(why, "max-queue") && !strstr(why, "priority-max-queue"), "queue-full message: %s", why);
+    rc = submit_req(&k, 1, 24, 3, 0, 0, why, sizeof why);
+    printf("prio_limits: priority 3 of 2: %s: %s\n", lnorm_errname(rc), why);
+    CHECK_EQ_INT(rc, LNORM_EINVAL, "priority 3 with 2 levels");
+    CHECK(strstr(why, "normalize.priority") && strstr(why, "[0, 2]"), "out-of-range message: %s", why);
+    check_metric(&k, "lnormd_priority_rejected_total{priority=\"1\"}", 2);
+    check_metric(&k, "lnormd_priority_rejected_total{priority=\"2\"}", 0);
+    check_metric(&k, "lnormd_priority_queue_depth{priority=\"1\"}", 2);
+    check_metric(&k, "lnormd_priority_queue_depth{priority=\"2\"}", 3);
+    rig_close(&k);
+    for (int t = 10; t < 25; t++)
+        CHECK_EQ_INT(g_done[t], (t <= 11 || (t >= 20 && t <= 22)) ? 1 : 0, "replies to request %d", t);
+}
+
+/* Run the loop (timers) for ms. */
+static void run_loop_ms(rig *k, int ms)
+{
+    int64_t end = td_now_ms() + ms;
+    while (td_now_ms() < end) {
+        uv_run(&k->loop, UV_RUN_NOWAIT);
+        td_sleep_ms(1);
+    }
+}
+
+static void test_queue_wait(void)
+{
+    rig k;
+    lnorm__batcher_opts o = {1000, 1 << 20, 0, 100, 1, 1, {0}, 0};
+    rig_open_opts(&k, &o, 1);
+    CHECK_EQ_INT(submit_req(&k, 1, 1, 0, 0, 0, NULL, 0), LNORM_OK, "held request");
+    submit_req(&k, 1, 10, 0, 50000, 0, NULL, 0); /* 50 ms queue wait */
+    submit_req(&k, 1, 11, 0, 0, 0, NULL, 0);     /* no limit */
+    submit_req(&k, 1, 12, 0, 0, 50, NULL, 0);    /* 50 ms deadline */
+    run_loop_ms(&k, 300);
+    printf("queue_wait: max_queue_us 50000: %s: %s\n", lnorm_errname(g_err[10]), g_why[10]);
+    printf("queue_wait: deadline 50 ms: %s: %s\n", lnorm_errname(g_err[12]), g_why[12]);
+    CHECK(g_done[10] == 1 && g_err[10] == LNORM_ETIMEDOUT, "max_queue_us 50000 after 300 ms queued: %d replies, %s",
+          g_done[10], lnorm_errname(g_err[10]));
+    CHECK(strstr(g_why[10], "max_queue_us (50000 us)") != NULL, "queue-wait message: %s", g_why[10]);
+    CHECK(g_done[12] == 1 && g_err[12] == LNORM_ETIMEDOUT && strstr(g_why[12], "deadline exceeded while queued"),
+          "deadline 50 ms after 300 ms queued: %d replies, %s, '%s'", g_done[12], lnorm_errname(g_err[12]),
+          g_why[12]);
+    CHECK_EQ_INT(g_done[11], 0, "replies to the request with no queue limit");
+    check_metric(&k, "lnormd_priority_queue_timeouts_total{priority=\"1\"}", 1);
+    /* The server's default, and a request's own value over it. */
+    o.max_queue_wait_us = 50000;
+    lnorm__batcher_set_opts(k.b, &o);
+    submit_req(&k, 1, 13, 0, 0, 0, NULL, 0);        /* the default: 50 ms */
+    submit_req(&k, 1, 14, 0, 10000000, 0, NULL, 0); /* its own 10 s */
+    run_loop_ms(&k, 300);
+    CHECK(g_done[13] == 1 && g_err[13] == LNORM_ETIMEDOUT && strstr(g_why[13], "max_queue_us (50000 us)"),
+          "max-queue-wait-us 50000, request without its own: %d replies, %s, '%s'", g_done[13],
+          lnorm_errname(g_err[13]), g_why[13]);
+    CHECK_EQ_INT(g_done[14], 0, "replies to the request with its own max_queue_us 10 s");
+    check_metric(&k, "lnormd_priority_queue_timeouts_total{priority=\"1\"}", 2);
+    CHECK_EQ_INT(fake_njobs(&k.be), 1, "batches while the backend was held");
+    while (fake_release(&k.be))
+        ;
+    /* The wait is queueing only: taken at once, then held 200 ms, it is OK. */
+    submit_req(&k, 1, 15, 0, 50000, 0, NULL, 0);
+    run_loop_ms(&k, 200);
+    CHECK_EQ_INT(g_done[15], 0, "replies to a request on the backend");
+    fake_release(&k.be);
+    CHECK(g_done[15] == 1 && g_err[15] == LNORM_OK, "max_queue_us 50000, held 200 ms on the backend: %s",
+          lnorm_errname(g_err[15]));
+    for (int i = 0; i < fake_njobs(&k.be) && i < MAX_JOBS; i++)
+        for (size_t s = 0; s < k.be.job[i].nsegs && s < MAX_TAGS; s++) {
+            int t = k.be.job[i].tag[s];
+            CHECK(t != 10 && t != 12 && t != 13, "request %d, answered DEADLINE_EXCEEDED, reached the backend", t);
+        }
+    k.want_errors = 3;
+    rig_close(&k);
+    CHECK(g_done[11] == 1 && g_err[11] == LNORM_OK && g_done[14] == 1 && g_err[14] == LNORM_OK,
+          "the requests that waited: %s, %s", lnorm_errname(g_err[11]), lnorm_errname(g_err[14]));
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "caps") && strcmp(argv[1], "early"))) {
-        fprintf(stderr, "usage: %s caps|early\n", argv[0]);
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } tests[] = {{"caps", test_caps},
+                 {"early", test_early},
+                 {"priority", test_priority},
+                 {"prio_limits", test_prio_limits},
+                 {"queue_wait", test_queue_wait}};
+    size_t i = 0, n = sizeof tests / sizeof tests[0];
+    while (argc == 2 && i < n && strcmp(argv[1], tests[i].name))
+        i++;
+    if (argc != 2 || i == n) {
+        fprintf(stderr, "usage: %s caps|early|priority|prio_limits|queue_wait\n", argv[0]);
         return 2;
     }
     td_watchdog(60);
-    if (!strcmp(argv[1], "caps"))
-        test_caps();
-    else
-        test_early();
+    tests[i].fn();
     char name[64];
     snprintf(name, sizeof name, "server.batcher_%s", argv[1]);
     return check_finish(name);
