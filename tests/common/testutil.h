@@ -126,6 +126,13 @@ void lnorm_test_worst_reset(void);
 long lnorm_test_check_segment(const lnorm_segment *s, const lnorm_test_tol *tol,
                               const char *label);
 
+/* Compare the outputs of g with those of c, another backend's on the same
+ * inputs (same dtypes and strides): y within 4e-6 of the row's largest |y|
+ * or, f16/bf16, within 2 ulps; residual_out bit-exact; rstd within 4e-6,
+ * mean within 4e-6 of |mean| + 1/rstd. Prints the first disagreements to
+ * stderr and returns their number. */
+long lnorm_test_cmp_outputs(const lnorm_segment *g, const lnorm_segment *c, const char *label);
+
 #ifdef __cplusplus
 }
 #endif

@@ -259,73 +259,6 @@ static long test_random_jobs(void)
 
 /* ---- parts 2 and 3: staging, shared parameters, fault injection -------- */
 
-/* Order-preserving integer of a 16-bit float's bits (for ulp distances). */
-static long ord16(uint16_t u)
-{
-    return (u & 0x8000u) ? -(long)(u & 0x7fffu) : (long)u;
-}
-
-/* Compare the outputs of g (the CUDA backend's) with those of c (the CPU
- * backend's, same inputs, same strides) with test_gpu's tolerance: f16/bf16
- * y within 2 ulps (or 4e-6 of the row's scale), f32 y within 4e-6 of the
- * row's scale, residual_out bit-exact, mean/rstd within 4e-6. Returns the
- * number of disagreements. */
-static long cmp_cpu(const lnorm_segment *g, const lnorm_segment *c, const char *label)
-{
-    long bad = 0;
-    size_t ysz = lnorm_dtype_size(g->y_dtype), xsz = lnorm_dtype_size(g->x_dtype);
-    for (int64_t r = 0; r < g->rows; r++) {
-        size_t ro = (size_t)(r * g->y_stride);
-        double scale = 0;
-        for (int64_t k = 0; k < g->hidden; k++) {
-            double v = fabs(lnorm_test_get(c->y, g->y_dtype, ro + (size_t)k));
-            if (v > scale)
-                scale = v;
-        }
-        for (int64_t k = 0; k < g->hidden; k++) {
-            size_t i = ro + (size_t)k;
-            double a = lnorm_test_get(g->y, g->y_dtype, i), b = lnorm_test_get(c->y, g->y_dtype, i);
-            int ok = fabs(a - b) <= 4e-6 * scale;
-            if (!ok && ysz == 2) {
-                uint16_t ua, ub;
-                memcpy(&ua, (const char *)g->y + i * 2, 2);
-                memcpy(&ub, (const char *)c->y + i * 2, 2);
-                ok = labs(ord16(ua) - ord16(ub)) <= 2;
-            }
-            if (!ok) {
-                if (bad < 3)
-                    fprintf(stderr, "  %s: gpu/cpu y differ at row %lld col %lld: %.9g vs %.9g\n", label,
-                            (long long)r, (long long)k, a, b);
-                bad++;
-            }
-        }
-        if (g->residual_out) {
-            size_t o = (size_t)(r * g->res_out_stride) * xsz;
-            if (memcmp((const char *)g->residual_out + o, (const char *)c->residual_out + o,
-                       (size_t)g->hidden * xsz)) {
-                fprintf(stderr, "  %s: gpu/cpu residual_out differ in row %lld\n", label, (long long)r);
-                bad++;
-            }
-        }
-        if (g->rstd) {
-            double a = g->rstd[r], b = c->rstd[r];
-            if (!(fabs(a - b) <= 4e-6 * fabs(b))) {
-                fprintf(stderr, "  %s: gpu/cpu rstd differ in row %lld: %.9g vs %.9g\n", label, (long long)r, a, b);
-                bad++;
-            }
-            if (g->mean) {
-                double m = g->mean[r], n = c->mean[r];
-                if (!(fabs(m - n) <= 4e-6 * (fabs(n) + 1.0 / b))) {
-                    fprintf(stderr, "  %s: gpu/cpu mean differ in row %lld: %.9g vs %.9g\n", label, (long long)r, m,
-                            n);
-                    bad++;
-                }
-            }
-        }
-    }
-    return bad;
-}
-
 /* One segment of the mixed batch. shared: 0 own gamma/beta, 1 the shared
  * f32 pair (hidden 1024), 2 the shared bf16 pair (hidden 4096). */
 typedef struct mixdef {
@@ -462,7 +395,7 @@ static long check_mix_job(tjob *t, lnorm_cpu *cpu, const char *what, int j)
             fprintf(stderr, "  %s: CPU backend: %s (%s)\n", label, lnorm_errname(rc), why ? why : "-");
             bad++;
         } else {
-            bad += cmp_cpu(s, &c, label);
+            bad += lnorm_test_cmp_outputs(s, &c, label);
         }
         if (bad) {
             CHECK_FAIL("%s: %ld mismatches", label, bad);

@@ -48,82 +48,6 @@ static const int dts[] = {LNORM_DTYPE_F32, LNORM_DTYPE_F16, LNORM_DTYPE_BF16};
 static long g_cases, g_cmp_cpu, g_cmp_align;
 static lnorm_cpu *g_cpu;
 
-/* Order-preserving integer of a 16-bit float's bits (for ulp distances). */
-static long ord16(uint16_t u)
-{
-    return (u & 0x8000u) ? -(long)(u & 0x7fffu) : (long)u;
-}
-
-static size_t row_off(const lnorm_segment *s, int64_t r, int64_t stride)
-{
-    (void)s;
-    return (size_t)(r * stride);
-}
-
-/* Compare the GPU outputs (in tc) with the CPU backend's outputs (in cpu)
- * for the same inputs. Returns the number of disagreements. */
-static long cmp_cpu(const lnorm_test_case *tc, const lnorm_test_case *cpu, const char *label)
-{
-    const lnorm_segment *s = &tc->seg;
-    long bad = 0;
-    size_t ysz = lnorm_dtype_size(s->y_dtype), xsz = lnorm_dtype_size(s->x_dtype);
-    for (int64_t r = 0; r < s->rows; r++) {
-        double scale = 0;
-        for (int64_t c = 0; c < s->hidden; c++) {
-            double v = fabs(lnorm_test_get(cpu->y, s->y_dtype, row_off(s, r, s->y_stride) + c));
-            if (v > scale)
-                scale = v;
-        }
-        for (int64_t c = 0; c < s->hidden; c++) {
-            size_t i = row_off(s, r, s->y_stride) + (size_t)c;
-            int ok;
-            if (ysz == 2) {
-                uint16_t a, b;
-                memcpy(&a, (char *)tc->y + i * 2, 2);
-                memcpy(&b, (char *)cpu->y + i * 2, 2);
-                /* 2 ulps, or (values tiny next to the row's scale, where
-                 * one ulp is finer than fp32 arithmetic resolves) the f32
-                 * bound below. */
-                ok = labs(ord16(a) - ord16(b)) <= 2 ||
-                     fabs(lnorm_test_get(tc->y, s->y_dtype, i) - lnorm_test_get(cpu->y, s->y_dtype, i)) <=
-                         4e-6 * scale;
-            } else {
-                double a = lnorm_test_get(tc->y, s->y_dtype, i), b = lnorm_test_get(cpu->y, s->y_dtype, i);
-                ok = fabs(a - b) <= 4e-6 * scale;
-            }
-            if (!ok) {
-                if (bad < 3)
-                    fprintf(stderr, "  %s: gpu/cpu y differ at row %lld col %lld: %.9g vs %.9g\n", label,
-                            (long long)r, (long long)c, lnorm_test_get(tc->y, s->y_dtype, i),
-                            lnorm_test_get(cpu->y, s->y_dtype, i));
-                bad++;
-            }
-        }
-        if (tc->residual_out) {
-            size_t o = row_off(s, r, s->res_out_stride) * xsz;
-            if (memcmp((char *)tc->residual_out + o, (char *)cpu->residual_out + o, (size_t)s->hidden * xsz)) {
-                fprintf(stderr, "  %s: gpu/cpu residual_out differ in row %lld\n", label, (long long)r);
-                bad++;
-            }
-        }
-        if (tc->rstd) {
-            double a = tc->rstd[r], b = cpu->rstd[r];
-            if (!(fabs(a - b) <= 4e-6 * fabs(b))) {
-                fprintf(stderr, "  %s: gpu/cpu rstd differ in row %lld: %.9g vs %.9g\n", label, (long long)r, a, b);
-                bad++;
-            }
-            if (tc->mean) {
-                double m = tc->mean[r], n = cpu->mean[r];
-                if (!(fabs(m - n) <= 4e-6 * (fabs(n) + 1.0 / b))) {
-                    fprintf(stderr, "  %s: gpu/cpu mean differ in row %lld: %.9g vs %.9g\n", label, (long long)r, m, n);
-                    bad++;
-                }
-            }
-        }
-    }
-    return bad;
-}
-
 /* Snapshot of a case's output buffers. */
 typedef struct outs {
     void *y, *ro;
@@ -255,13 +179,12 @@ static void run_case(const lnorm_test_case_cfg *cfg, lnorm_rng *g, int check_ali
                 CHECK_FAIL("%s: cpu run %s", label, lnorm_errname(e2));
                 bad++;
             } else {
-                lnorm_test_case cpu = tc; /* CPU outputs now in tc's buffers */
-                lnorm_test_case gv = tc;
-                gv.y = gpu.y;
-                gv.residual_out = gpu.ro;
-                gv.mean = gpu.mean;
-                gv.rstd = gpu.rstd;
-                long d = cmp_cpu(&gv, &cpu, label);
+                lnorm_segment gs = tc.seg; /* CPU outputs now in tc's buffers */
+                gs.y = gpu.y;
+                gs.residual_out = gpu.ro;
+                gs.mean = gpu.mean;
+                gs.rstd = gpu.rstd;
+                long d = lnorm_test_cmp_outputs(&gs, &tc.seg, label);
                 g_cmp_cpu++;
                 if (d) {
                     CHECK_FAIL("%s: %ld gpu/cpu disagreements", label, d);
