@@ -335,6 +335,24 @@ static void fast_vs_general(lnorm_rng *g, int quick)
                     }
 }
 
+/* The end of a test of n segments (batch invariance, bulk table): the
+ * verdict, then the workspace and every case freed. */
+static void segs_end(const char *what, int ok, int f0, lnorm_cuda_ws *ws, int n, lnorm_test_case *tc,
+                     lnorm_gpu_case *gc, outs *alone)
+{
+    if (!ok) {
+        CHECK_FAIL("%s: setup or CUDA failure", what);
+    }
+    g_cases++;
+    printf("%s: %s\n", what, check_failures() > f0 ? "FAIL" : "ok");
+    lnorm_cuda_ws_destroy(ws);
+    for (int i = 0; i < n; i++) {
+        outs_free(&alone[i]);
+        lnorm_gpu_case_free(&gc[i]);
+        lnorm_test_case_free(&tc[i]);
+    }
+}
+
 /* Batch invariance: NS segments (mixed dtypes, tiers, ops) run alone, then
  * together in one lnorm_cuda_run (same-tier groups share one launch through
  * the device table), then in the reverse order: outputs bit-identical. */
@@ -420,17 +438,7 @@ static void batch_invariance(lnorm_rng *g)
             }
         }
     }
-    if (!ok) {
-        CHECK_FAIL("batch invariance: setup or CUDA failure");
-    }
-    g_cases++;
-    printf("batch invariance: %s\n", check_failures() > f0 ? "FAIL" : "ok");
-    lnorm_cuda_ws_destroy(ws);
-    for (int i = 0; i < NS; i++) {
-        outs_free(&alone[i]);
-        lnorm_gpu_case_free(&gc[i]);
-        lnorm_test_case_free(&tc[i]);
-    }
+    segs_end("batch invariance", ok, f0, ws, NS, tc, gc, alone);
 }
 
 /* Rows of different lengths in one bulk launch of the 1024-thread one-CTA
@@ -510,17 +518,7 @@ static void bulk_table(lnorm_rng *g)
             }
         }
     }
-    if (!ok) {
-        CHECK_FAIL("bulk table: setup or CUDA failure");
-    }
-    g_cases++;
-    printf("bulk table: %s\n", check_failures() > f0 ? "FAIL" : "ok");
-    lnorm_cuda_ws_destroy(ws);
-    for (int i = 0; i < NS; i++) {
-        outs_free(&alone[i]);
-        lnorm_gpu_case_free(&gc[i]);
-        lnorm_test_case_free(&tc[i]);
-    }
+    segs_end("bulk table", ok, f0, ws, NS, tc, gc, alone);
 }
 
 /* The bulk-copy pipeline (k_bulk) in its steady state: enough rows that
