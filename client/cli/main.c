@@ -50,6 +50,8 @@ static const char *usage_normalize =
     "  --raw-bf16         --in/--out/--residual are raw little-endian bfloat16 files\n"
     "  --rows R --hidden H  the shape of raw bf16 input\n"
     "  --chunk-bytes N    client chunk size (default: the library's)\n"
+    "  --priority P       batching priority level, 1..the server's priority-levels (0: its default)\n"
+    "  --max-queue-us US  longest wait in the server's queue (0: the server's max-queue-wait-us)\n"
     "  --url URL, --timeout-ms MS\n";
 
 static const char *usage_register =
@@ -135,7 +137,8 @@ static int report(const char *what, int rv, const lnorm_result *res)
 
 enum {
     O_URL = 1000, O_TIMEOUT, O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
-    O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, O_ID, O_HELP
+    O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, O_ID, O_HELP,
+    O_PRIO, O_MAXQ
 };
 
 static const struct option long_opts[] = {
@@ -148,6 +151,7 @@ static const struct option long_opts[] = {
     {"rows", required_argument, 0, O_ROWS},     {"hidden", required_argument, 0, O_HIDDEN},
     {"residual", required_argument, 0, O_RES},  {"residual-out", required_argument, 0, O_RESOUT},
     {"chunk-bytes", required_argument, 0, O_CHUNK}, {"id", required_argument, 0, O_ID},
+    {"priority", required_argument, 0, O_PRIO}, {"max-queue-us", required_argument, 0, O_MAXQ},
     {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
 
 /* Everything the commands may be given. */
@@ -156,7 +160,7 @@ typedef struct args {
     const char *in, *out, *gamma, *beta, *params_id, *stats, *res, *resout, *id;
     int op, eps_outside, raw_bf16, help, eps_set;
     float eps;
-    uint64_t rows, hidden, chunk;
+    uint64_t rows, hidden, chunk, priority, max_queue_us;
 } args;
 
 /* --op: ln / layernorm or rms / rmsnorm; -1 for anything else. */
@@ -249,6 +253,14 @@ static int parse_args(int argc, char **argv, args *a, const int *allowed, const 
                 return die_usage("--chunk-bytes must be a positive integer", usage);
             break;
         case O_ID: a->id = optarg; break;
+        case O_PRIO:
+            if (parse_u64(optarg, &a->priority) || a->priority > UINT32_MAX)
+                return die_usage("--priority must be an integer 0..4294967295", usage);
+            break;
+        case O_MAXQ:
+            if (parse_u64(optarg, &a->max_queue_us))
+                return die_usage("--max-queue-us must be a non-negative integer", usage);
+            break;
         }
     }
     if (optind < argc)
@@ -461,6 +473,8 @@ static int run_normalize(const args *a, norm_job *j, lnorm_client *c)
     q.mean = j->mean;
     q.rstd = j->rstd;
     q.y = j->y;
+    q.priority = (uint32_t)a->priority;
+    q.max_queue_us = a->max_queue_us;
     lnorm_result res;
     int rv = lnorm_normalize(c, &q, &res);
     return rv == LNORM_OK ? 0 : report("normalize", rv, &res);
@@ -515,7 +529,8 @@ static int write_outputs(const args *a, const norm_job *j)
 static int cmd_normalize(int argc, char **argv)
 {
     static const int allowed[] = {O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
-                                  O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, 0};
+                                  O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK,
+                                  O_PRIO, O_MAXQ, 0};
     args a;
     int status = parse_args(argc, argv, &a, allowed, usage_normalize);
     if (status)

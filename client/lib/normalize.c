@@ -191,10 +191,12 @@ static int norm_make(lnorm__call *call, uint64_t i, uint64_t id, nng_msg **out)
     int has_aff = idn || gn || bn;
     size_t aff = idn ? len_b(idn) : len_u((uint64_t)r->param_dtype) + len_b(gn) + len_b(bn);
 
-    /* NormalizeRequest fields 1..7, then pad, x, residual, affine, want_stats */
+    /* NormalizeRequest fields 1..7, then pad, x, residual, affine, want_stats,
+     * priority, max_queue_us */
     size_t head = len_u((uint64_t)r->op) + len_u((uint64_t)r->x_dtype) + len_u((uint64_t)r->y_dtype) +
                   len_u(nr) + len_u(r->hidden) + 5 /* eps: key + fixed32 */ + len_u((uint64_t)r->eps_mode);
-    size_t tail = len_b(xn) + len_b(rn) + (has_aff ? 1 + vlen(aff) + aff : 0) + (st->stats ? 2 : 0);
+    size_t tail = len_b(xn) + len_b(rn) + (has_aff ? 1 + vlen(aff) + aff : 0) + (st->stats ? 2 : 0) +
+                  len_u(r->priority) + len_u(r->max_queue_us);
     size_t pre = len_u(id) + len_u(call->deadline_us);
     size_t pad = 0, inner = 0;
     for (int k = 0; k < 8; k++) { /* the length of normalize depends on the pad */
@@ -252,6 +254,8 @@ static int norm_make(lnorm__call *call, uint64_t i, uint64_t id, nng_msg **out)
         p = put_key(p, 11, 0);
         *p++ = 1;
     }
+    p = put_u(p, 12, r->priority);
+    p = put_u(p, 13, r->max_queue_us);
     if ((size_t)(p - p0) != total) {
         nng_msg_free(m);
         return LNORM_EINTERNAL;

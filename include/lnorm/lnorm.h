@@ -164,11 +164,20 @@ typedef struct lnorm_normalize_req {
     void *residual_out;
     int timeout_ms;              /* this call's reply timeout (0: client's) */
     size_t chunk_bytes;          /* this call's chunk size (0: client's) */
+    /* Batching on the server (every chunk of the call alike): */
+    uint32_t priority;           /* level 1..the server's priority-levels, the
+                                    highest taken first (0: its default-priority);
+                                    out of range: LNORM_EINVAL from the server */
+    uint64_t max_queue_us;       /* longest wait in the server's queue before
+                                    compute starts; past it the chunk is answered
+                                    LNORM_ETIMEDOUT, never computed (0: the
+                                    server's max-queue-wait-us) */
 } lnorm_normalize_req;
 
 /* Fill a request with defaults: the given op, dtype and shape, eps =
  * LNORM_DEFAULT_EPS inside the square root, y and params of x's dtype,
- * every pointer NULL, no stats, the client's timeout and chunk size. */
+ * every pointer NULL, no stats, the client's timeout and chunk size, the
+ * server's default priority and queue wait. */
 void lnorm_normalize_req_init(lnorm_normalize_req *req, lnorm_op op, lnorm_dtype x_dtype,
                               uint64_t rows, uint64_t hidden);
 

@@ -282,6 +282,13 @@ int main(int argc, char **argv)
     CHECK(rc == 2 && strstr(out, "--params-id must be"), "bad params id exit %d", rc);
     rc = run("drop --url %s --id 'a b'", url);
     CHECK(rc == 2 && strstr(out, "--id must be"), "drop: bad id exit %d", rc);
+    /* --priority and --max-queue-us reach lnormd (1 priority level) */
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --priority 1 --max-queue-us 5000000", url, dir, dir);
+    CHECK(rc == 0, "--priority 1 --max-queue-us 5000000 exit %d: %s", rc, out);
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --priority 2", url, dir, dir);
+    CHECK(rc == 1 && strstr(out, "normalize.priority: 2 is out of range"), "--priority 2 of 1 exit %d: %s", rc, out);
+    rc = run("normalize --url %s --in %s/a_x.npy --out %s/z.npy --priority -1", url, dir, dir);
+    CHECK(rc == 2 && strstr(out, "--priority must be"), "--priority -1 exit %d", rc);
     rc = run("normalize --url %s --raw-bf16 --rows 4611686018427387905 --hidden 4 --in %s/a_x.npy --out %s/z.bf16",
              url, dir, dir);
     CHECK(rc == 2 && strstr(out, "too large"), "raw bf16 rows x hidden wrapping exit %d", rc);

@@ -2,7 +2,7 @@
  * Integration tests of liblnorm against a real lnormd (and, for failure
  * modes a real server never shows, against small in-test NNG servers).
  *
- *   client_test LNORMD_PATH concurrent|chunked|params|errors
+ *   client_test LNORMD_PATH concurrent|chunked|params|errors|priority
  *   client_test - timeout|protocol
  *
  * Every normalize response is checked against the float64 reference of
@@ -1001,10 +1001,76 @@ static int test_async_start(void)
 #endif
 }
 
+/*
+ * priority and max_queue_us through liblnorm and lnormd: the daemon has 2
+ * levels and waits up to 10 s for a batch of 4 rows to fill, so a request
+ * of 4 rows leaves at once while a 1-row request stays queued.
+ */
+static int test_priority(void)
+{
+    lnorm_client *c = open_client(daemon_.tcp_url);
+    if (!c)
+        return 1;
+    float x[4 * 8], y[4 * 8];
+    for (int i = 0; i < 32; i++)
+        x[i] = (float)((i * 7) % 11) - 5.0f;
+    lnorm_normalize_req q;
+    lnorm_result res;
+    /* priority 2 of 2: served, and counted at level 2 */
+    lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 8);
+    q.x = x, q.y = y, q.priority = 2, q.max_queue_us = 5000000;
+    int rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK, "priority 2: %s (%s)", lnorm_errname(rv), res.message);
+    for (int r = 0; r < 4 && rv == LNORM_OK; r++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < 8; j++)
+            m += x[r * 8 + j] / 8.0;
+        for (int j = 0; j < 8; j++)
+            v += (x[r * 8 + j] - m) * (x[r * 8 + j] - m) / 8.0;
+        for (int j = 0; j < 8; j++) {
+            double want = (x[r * 8 + j] - m) / sqrt(v + 1e-5);
+            CHECK(fabs(y[r * 8 + j] - want) < 1e-4, "y[%d][%d] = %g, want %g", r, j, (double)y[r * 8 + j], want);
+        }
+    }
+    CHECK(td_metric(&daemon_, "lnormd_priority_taken_total{priority=\"2\"}") == 1,
+          "lnormd_priority_taken_total{priority=\"2\"} is %g, want 1",
+          td_metric(&daemon_, "lnormd_priority_taken_total{priority=\"2\"}"));
+    /* priority 3 of 2, in every chunk of a chunked call too */
+    for (int chunked = 0; chunked < 2; chunked++) {
+        lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 4, 8);
+        q.x = x, q.y = y, q.priority = 3;
+        q.chunk_bytes = chunked ? 32 : 0;
+        memset(&res, 0, sizeof res);
+        rv = lnorm_normalize(c, &q, &res);
+        printf("priority 3 of 2%s: %s: %s\n", chunked ? " (4 chunks)" : "", lnorm_errname(rv), res.message);
+        CHECK(rv == LNORM_EINVAL && res.status == 3, "priority 3 of 2: %s, status %d", lnorm_errname(rv),
+              res.status);
+        CHECK(strstr(res.message, "normalize.priority") && strstr(res.message, "[0, 2]"), "message: %s",
+              res.message);
+    }
+    /* max_queue_us 100 ms on a request that would wait 10 s for its batch */
+    lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 1, 8);
+    q.x = x, q.y = y, q.max_queue_us = 100000;
+    int64_t t0 = td_now_ms();
+    rv = lnorm_normalize(c, &q, &res);
+    int64_t dt = td_now_ms() - t0;
+    printf("max_queue_us 100000: %s after %lld ms: %s\n", lnorm_errname(rv), (long long)dt, res.message);
+    CHECK(rv == LNORM_ETIMEDOUT && res.status == 4, "max_queue_us 100000: %s, status %d", lnorm_errname(rv),
+          res.status);
+    CHECK(strstr(res.message, "max_queue_us (100000 us)") != NULL, "message: %s", res.message);
+    CHECK(dt >= 90 && dt < 5000, "answered after %lld ms (max_queue_us 100 ms, batch wait 10 s)", (long long)dt);
+    CHECK(td_metric(&daemon_, "lnormd_priority_queue_timeouts_total{priority=\"1\"}") == 1,
+          "lnormd_priority_queue_timeouts_total{priority=\"1\"} is %g, want 1",
+          td_metric(&daemon_, "lnormd_priority_queue_timeouts_total{priority=\"1\"}"));
+    CHECK(td_metric(&daemon_, "lnormd_priority_queue_depth{priority=\"1\"}") == 0, "level 1 queue not empty");
+    lnorm_client_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s LNORMD_PATH|- concurrent|chunked|params|errors|timeout|protocol\n",
+        fprintf(stderr, "usage: %s LNORMD_PATH|- concurrent|chunked|params|errors|priority|timeout|protocol\n",
                 argv[0]);
         return 2;
     }
@@ -1012,7 +1078,9 @@ int main(int argc, char **argv)
     int need_daemon = strcmp(what, "timeout") != 0 && strcmp(what, "protocol") != 0 && strcmp(what, "async_start") != 0;
     if (need_daemon) {
         const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
-        if (td_start(&daemon_, argv[1], NULL, extra, TD_ENDPOINTS) != 0)
+        const char *prio[] = {"--backend", "cpu", "--cpu-threads", "2", "--priority-levels", "2",
+                              "--max-queue-delay-us", "10000000", "--max-batch-rows", "4", NULL};
+        if (td_start(&daemon_, argv[1], NULL, strcmp(what, "priority") ? extra : prio, TD_ENDPOINTS) != 0)
             return 1;
         printf("lnormd: %s %s http %s\n", daemon_.tcp_url, daemon_.ipc_url, daemon_.http);
     }
@@ -1025,6 +1093,8 @@ int main(int argc, char **argv)
         rv = test_params();
     else if (strcmp(what, "errors") == 0)
         rv = test_errors();
+    else if (strcmp(what, "priority") == 0)
+        rv = test_priority();
     else if (strcmp(what, "timeout") == 0)
         rv = test_timeout();
     else if (strcmp(what, "protocol") == 0)

@@ -4,7 +4,7 @@
  * 1. liblnorm's hand-encoded chunk requests (client/lib/normalize.c) unpack
  *    with protobuf-c to exactly the fields of the request (op, dtypes, rows,
  *    hidden, eps, eps mode, x / residual rows of the chunk, affine or params
- *    id, want_stats, request id, deadline), carry only the padding field as
+ *    id, want_stats, priority, max_queue_us, request id, deadline), carry only the padding field as
  *    an unknown field, and put x at the intended phase (12 mod 16).
  * 2. lnormd's borrowing decode (server/codec.c) gives the same result as the
  *    copying decode (status, message, request id, every segment field, the
@@ -216,6 +216,9 @@ static void rcase_make(rcase *c, lnorm_rng *g)
         }
     }
     c->q.chunk_bytes = lnorm_rng_next(g) % 2 ? 0 : 1 + lnorm_rng_next(g) % 20000;
+    static const uint64_t big[] = {0, 1, 127, 128, 300, 1ull << 35, UINT64_MAX};
+    c->q.priority = lnorm_rng_next(g) % 2 ? 0 : (uint32_t)big[lnorm_rng_next(g) % 7];
+    c->q.max_queue_us = lnorm_rng_next(g) % 2 ? 0 : big[lnorm_rng_next(g) % 7];
 }
 
 static void rcase_free(rcase *c)
@@ -266,6 +269,9 @@ static void check_chunk(const rcase *c, const nng_msg *m, uint64_t i, uint64_t n
             CHECK(nq->residual.len == 0, "residual present");
         int stats = q->want_stats || q->mean || q->rstd;
         CHECK(nq->want_stats == stats, "want_stats");
+        CHECK(nq->priority == q->priority && nq->max_queue_us == q->max_queue_us,
+              "priority %u (want %u), max_queue_us %llu (want %llu)", nq->priority, q->priority,
+              (unsigned long long)nq->max_queue_us, (unsigned long long)q->max_queue_us);
         if (q->params_id && q->params_id[0]) {
             CHECK(nq->affine && nq->affine->params_id && strcmp(nq->affine->params_id, q->params_id) == 0 &&
                       !nq->affine->gamma.len && !nq->affine->beta.len,
