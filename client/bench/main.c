@@ -699,6 +699,10 @@ static int run_points(const bench_opts *b, const lnorm__work *w, const char *url
             if (rc != 0) {
                 fprintf(stderr, "lnorm-bench: %s: %s\n", cfg.label, r->error);
                 status = 1;
+            } else if (!r->ok && !r->errors && !lnorm__interrupted) {
+                /* e.g. nothing listens at the URL and the client waits to connect */
+                fprintf(stderr, "lnorm-bench: %s: no request completed in the measured time\n", cfg.label);
+                status = 1;
             } else if (r->errors && status == 0) {
                 status = 3;
             }
