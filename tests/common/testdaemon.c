@@ -113,6 +113,14 @@ void td_sleep_ms(int ms)
     }
 }
 
+int td_usage(int argc, char **argv, int nargs, const char *usage)
+{
+    if (argc == nargs)
+        return 1;
+    fprintf(stderr, "usage: %s %s\n", argc > 0 ? argv[0] : "test", usage);
+    return 0;
+}
+
 int td_tmpdir(char *out, size_t n, const char *tag)
 {
     ensure_exit_handler();

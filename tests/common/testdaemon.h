@@ -116,6 +116,11 @@ int td_run(const char *lnormd, const char *const *args, char *out, size_t outlen
 /* After secs, kill every daemon and exit 1 (a test that hangs). */
 void td_watchdog(int secs);
 
+/* A test's arguments: argc must be nargs (argv[0] included), else
+ * "usage: PROG USAGE" goes to stderr. 1 when they are right, else 0 (the
+ * test then exits 2). */
+int td_usage(int argc, char **argv, int nargs, const char *usage);
+
 /* A private (0700) temporary folder under $TMPDIR (or /tmp), named after
  * tag, removed when the test exits; 0 or -1. */
 int td_tmpdir(char *out, size_t n, const char *tag);

@@ -167,10 +167,8 @@ static void check_health(const char *url)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
+    if (!td_usage(argc, argv, 2, "LNORMD"))
         return 2;
-    }
     /* The private /tmp hides anything under the real /tmp, lnormd's build
      * folder included (CI clones there): keep it open and exec it through
      * /proc/self/fd (the fd is inherited by the child). */

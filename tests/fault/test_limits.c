@@ -315,10 +315,8 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "-") && !strcmp(argv[2], "oversize"))
         return oversize_main(argv[3]);
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
+    if (!td_usage(argc, argv, 2, "LNORMD"))
         return 2;
-    }
     const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--backend", "cpu", "--cpu-threads", "1",
                           "--max-message-bytes", "65536", "--max-rows", "64", "--max-hidden", "512",
                           "--max-params-bytes", "4096",

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "check.h"
+#include "testclient.h"
 #include "testdaemon.h"
 #include "lnorm/lnorm.h"
 #include "wire.h"
@@ -113,6 +115,26 @@ static int nng_call_resend(nng_socket s, nng_dialer *d, const uint8_t *buf, size
     return rv;
 }
 
+/* Count one request of a client: ok (after the restart too, once there
+ * was one), or failed, the first failure's problem kept. */
+static void tally(cstats *st, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void tally(cstats *st, int ok, const char *fmt, ...)
+{
+    if (ok) {
+        st->ok++;
+        if (atomic_load(&g_restart_ms))
+            st->ok_after_restart++;
+        return;
+    }
+    st->failed++;
+    if (!st->problem[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(st->problem, sizeof st->problem, fmt, ap);
+        va_end(ap);
+    }
+}
+
 static void *nng_client(void *arg)
 {
     cstats *st = arg;
@@ -132,16 +154,8 @@ static void *nng_client(void *arg)
         Lnorm__V1__Response *r = NULL;
         rv = nng_call_resend(s, &d, buf, len, &r, st);
         char why[200] = "";
-        if (rv == 0 && fw_check_norm(r, op, ROWS, HIDDEN, x, why, sizeof why) == 0) {
-            st->ok++;
-            if (atomic_load(&g_restart_ms))
-                st->ok_after_restart++;
-        } else {
-            st->failed++;
-            if (!st->problem[0])
-                snprintf(st->problem, sizeof st->problem, "request %u: %s", i,
-                         rv ? (rv > 0 ? nng_strerror(rv) : "bad reply") : why);
-        }
+        tally(st, rv == 0 && fw_check_norm(r, op, ROWS, HIDDEN, x, why, sizeof why) == 0, "request %u: %s", i,
+              rv ? (rv > 0 ? nng_strerror(rv) : "bad reply") : why);
         if (r)
             lnorm__v1__response__free_unpacked(r, NULL);
         free(buf);
@@ -198,16 +212,8 @@ static void *lib_client(void *arg)
             if (e > worst)
                 worst = e;
         }
-        if (rv == LNORM_OK && worst < 1e-3) {
-            st->ok++;
-            if (atomic_load(&g_restart_ms))
-                st->ok_after_restart++;
-        } else {
-            st->failed++;
-            if (!st->problem[0])
-                snprintf(st->problem, sizeof st->problem, "liblnorm call %u: %s (%s), max error %g", i,
-                         lnorm_strerror(rv), res.message, worst);
-        }
+        tally(st, rv == LNORM_OK && worst < 1e-3, "liblnorm call %u: %s (%s), max error %g", i, lnorm_strerror(rv),
+              res.message, worst);
     }
     free(x);
     free(y);
@@ -243,11 +249,7 @@ static void dead_dialer_setup(dead_dialer *dd, const char *path)
     CHECK(dd->fd >= 0 && bind(dd->fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(dd->fd, 16) == 0,
           "raw listener on %s", path);
     lnorm_client_opts o;
-    lnorm_client_opts_init(&o);
-    o.reconnect_min_ms = 50;
-    o.reconnect_max_ms = 50;
-    o.send_timeout_ms = 8000;
-    o.recv_timeout_ms = 8000;
+    tc_client_opts(&o, 8000, 50, 50);
     const char *url = g_url;
     CHECK(lnorm_client_open(&dd->lib, &url, 1, &o) == LNORM_OK, "liblnorm open");
     dd->plain_ok = plain_open(&dd->plain, &dd->plain_d) == 0;
@@ -296,10 +298,8 @@ static void dead_dialer_check(dead_dialer *dd)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s LNORMD\n", argv[0]);
+    if (!td_usage(argc, argv, 2, "LNORMD"))
         return 2;
-    }
     char dir[256], sock[320];
     if (td_tmpdir(dir, sizeof dir, "restart") != 0)
         return 1;

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 
 #include "check.h"
+#include "testclient.h"
 #include "testdaemon.h"
 #include "lnorm/lnorm.h"
 
@@ -44,11 +45,7 @@ static const char *pki(const char *name)
 static int try_client(const char *url, const char *ca, const char *cert_key, const char *label)
 {
     lnorm_client_opts o;
-    lnorm_client_opts_init(&o);
-    o.send_timeout_ms = 3000;
-    o.recv_timeout_ms = 3000;
-    o.reconnect_min_ms = 100;
-    o.reconnect_max_ms = 500;
+    tc_client_opts(&o, 3000, 100, 500);
     o.tls_ca_file = ca;
     o.tls_cert_key_file = cert_key;
     o.tls_server_name = "localhost";
@@ -97,10 +94,8 @@ static int start(td_daemon *d, const char *lnormd, const char *dir, int verify)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s LNORMD GEN_CERTS_SCRIPT\n", argv[0]);
+    if (!td_usage(argc, argv, 3, "LNORMD GEN_CERTS_SCRIPT"))
         return 2;
-    }
     char dir[256], cmd[1200];
     if (td_tmpdir(dir, sizeof dir, "tls") != 0)
         return 1;
