@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving on the GPU machine, in one command (about 2-3 minutes): lnormd's CUDA
+# Serving on the GPU machine, in one command (about 5-6 minutes): lnormd's CUDA
 # backend (every visible GPU) measured by lnorm-bench, 1 x 4096 bf16 LayerNorm
 # requests, every point verifying 50 replies against float64:
 #   - batching on (max-queue-delay-us 0) at c=1,8,64, with the NNG echo
@@ -11,7 +11,11 @@
 #     c=64, batching on;
 #   - the CPU backend at c=64;
 #   - 64 MiB requests (client chunks pipelined) and the pinned PCIe ceiling
-#     measured by torch in the same run (skipped if torch is missing).
+#     measured by torch in the same run (skipped if torch is missing);
+#   - by client process count (lnorm-bench --procs P, P = 1,4,8,16,32, 8
+#     requests in flight each, raw driver, 4 s a point): CUDA batched with
+#     the echo server beside it, CUDA max-batch-rows 1, the CPU backend.
+#     One load process is bounded by NNG's one I/O thread per process.
 # lnormd's /metrics is scraped during the c=64 points (staged/direct segment
 # counters, batch histograms) and nvidia-smi samples GPU utilisation.
 #
@@ -23,13 +27,15 @@
 #   mkdir -p .devserve && cp build-sm90/server/lnormd build-sm90/client/bench/lnorm-bench .devserve/
 # and carried (.devserve). Run from the repository root on the device:
 #   OUT=/some/dir scripts/device-serve.sh .devserve
-# Files in $OUT (6): serve.log, serve-runs.json (every lnorm-bench JSON, by
+# Files in $OUT (7): serve.log, serve-runs.json (every lnorm-bench JSON, by
 # name), serve-summary.json (throughput, ratios, latencies, server timings,
 # GPU utilisation by phase and every sample), serve-gpu-util.csv,
 # serve-metrics.txt (last /metrics scrape of each scraped point),
-# serve-pcie.json.
+# serve-pcie.json, serve-procs.json (the process-count sweep, one row per
+# target and P; the shape of bench/results/serve-procs-h200.json).
 # Dry run of the script itself on a machine without a GPU (numbers mean
-# nothing): LNORM_SERVE_BACKEND=cpu LNORM_SERVE_DURATION=1 scripts/device-serve.sh DIR
+# nothing): LNORM_SERVE_BACKEND=cpu LNORM_SERVE_DURATION=1 LNORM_SERVE_PROCS=1,2 \
+#   scripts/device-serve.sh DIR
 set -u
 BIN=${1:-.devserve}
 OUT=${OUT:-/tmp/lnorm-serve-out}
@@ -38,7 +44,8 @@ TMP=$(mktemp -d /tmp/lnorm-serve-XXXXXX)
 log=$OUT/serve.log
 exec > >(tee -a "$log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat "$BIN/lnorm_commit.txt" 2>/dev/null || echo unknown)
+# the bundle's commit first: the folder it runs from may be another checkout
+COMMIT=$(cat "$BIN/lnorm_commit.txt" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 export LNORM_BENCH_COMMIT=$COMMIT
 T0=$SECONDS
 
@@ -105,6 +112,15 @@ timeout 120 "$BIN/lnorm-bench" --spawn "$BIN/lnormd" --rows 8192 --hidden 4096 -
   --timeout 20000 --json "$TMP/large.json" --tag mode=large -- --backend "$BE" \
   --max-message-bytes 67108864
 echo "(large: rc=$?)"
+
+# By client process count: P load processes (--procs), 8 in flight each.
+PROCS=${LNORM_SERVE_PROCS:-1,4,8,16,32}
+for P in ${PROCS//,/ }; do
+  c=$((P * 8))
+  bench "procs$P-batched" --procs "$P" --concurrency "$c" --driver raw --echo -- --backend "$BE"
+  bench "procs$P-unbatched" --procs "$P" --concurrency "$c" --driver raw -- --backend "$BE" --max-batch-rows 1
+  bench "procs$P-cpu" --procs "$P" --concurrency "$c" --driver raw -- --backend cpu
+done
 
 phase pcie
 timeout 60 python3 - "$OUT/serve-pcie.json" <<'PY'
@@ -255,6 +271,63 @@ summary = {
 }
 json.dump(summary, open(os.path.join(out, "serve-summary.json"), "w"), indent=1)
 print(json.dumps({k: summary[k] for k in ("rows_per_s", "ratios", "target", "gpu_util_by_phase")}, indent=1))
+PY
+python3 - "$TMP" "$OUT" "$COMMIT" "$PROCS" "$BE" <<'PY'
+import glob, json, os, subprocess, sys, time
+tmp, out, commit, procs, be = sys.argv[1:6]
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=20).stdout.strip().splitlines()[0]
+except Exception:
+    gpu = "no GPU (backend %s)" % be
+rows = []
+for p in procs.split(","):
+    for mode, target, name in (("batched", "lnormd", "lnormd_%s_batching_on" % be),
+                               ("unbatched", "lnormd", "lnormd_%s_max_batch_rows_1" % be),
+                               ("cpu", "lnormd", "lnormd_cpu_backend"),
+                               ("batched", "echo", "nng_echo_rep0_1024_contexts")):
+        f = os.path.join(tmp, "procs%s-%s.json" % (p, mode))
+        try:
+            d = json.load(open(f))
+        except Exception as e:
+            rows.append({"target": name, "procs": int(p), "error": "no result: %s" % e})
+            continue
+        for r in d.get("runs", []):
+            if r.get("target") != target:
+                continue
+            row = {"target": name, "procs": r.get("procs"), "concurrency": r.get("concurrency")}
+            if "error" in r:
+                row["error"] = r["error"]
+            else:
+                row.update({
+                    "requests_per_s": r["throughput"]["requests_per_s"],
+                    "requests": r["requests"], "errors": r["errors"],
+                    "errors_by_kind": r.get("errors_by_kind"),
+                    "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"],
+                    "p99_9_us": r["latency_us"]["p99_9"],
+                    "server_cpu_us_per_request": r["cpu_us_per_request"]["server"],
+                    "client_cpu_us_per_request": r["cpu_us_per_request"]["client"],
+                    "batch_requests_mean": r["server"]["batch_requests_mean"],
+                    "verified": r["verify"]["checked"], "mismatches": r["verify"]["mismatches"],
+                    "per_process_requests_per_s": [q.get("requests_per_s") for q in r.get("per_process", [])],
+                })
+            rows.append(row)
+res = {
+    "what": "lnormd serving 1 x 4096 bf16 LayerNorm requests over ipc on one host, by client process count, "
+            "beside a bare NNG echo server (scripts/device-serve.sh)",
+    "device": "%s, %d CPU cores" % (gpu, os.cpu_count()),
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "commit": commit,
+    "load": "lnorm-bench --procs P --driver raw, 8 requests in flight per process, closed loop",
+    "client_processes": [int(p) for p in procs.split(",")],
+    "rows": rows,
+}
+json.dump(res, open(os.path.join(out, "serve-procs.json"), "w"), indent=1)
+for r in rows:
+    print("%-32s P=%-3s %10s req/s  p50 %8s us  p99 %8s us  errors %s%s" % (
+        r["target"], r["procs"], "%.0f" % r["requests_per_s"] if "requests_per_s" in r else "-",
+        "%.1f" % r["p50_us"] if "p50_us" in r else "-", "%.1f" % r["p99_us"] if "p99_us" in r else "-",
+        r.get("errors", "-"), ("  " + r["error"]) if "error" in r else ""))
 PY
 rm -rf "$TMP"
 echo "== done in $((SECONDS - T0)) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
