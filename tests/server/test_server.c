@@ -140,19 +140,20 @@ static void worker_set(worker *w, int i, const char *url)
     ts_norm_from_case(&w->m, &w->tc, (uint64_t)i + 1, 1);
 }
 
-/* n workers with random cases, alternately on d's ipc and tcp URLs. */
-static void random_workers(worker *ws, int n, const td_daemon *d, lnorm_rng *g)
+static void start_workers(worker *ws, int n)
+{
+    for (int i = 0; i < n; i++)
+        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+}
+
+/* n workers with random cases, alternately on d's ipc and tcp URLs, started. */
+static void start_random_workers(worker *ws, int n, const td_daemon *d, lnorm_rng *g)
 {
     for (int i = 0; i < n; i++) {
         random_case(&ws[i].tc, g);
         worker_set(&ws[i], i, i % 2 ? d->tcp_url : d->ipc_url);
     }
-}
-
-static void start_workers(worker *ws, int n)
-{
-    for (int i = 0; i < n; i++)
-        ws[i].started = pthread_create(&ws[i].t, NULL, worker_main, &ws[i]) == 0;
+    start_workers(ws, n);
 }
 
 static void join_workers(worker *ws, int n)
@@ -539,8 +540,8 @@ static void test_contexts(td_daemon *d, lnorm_rng *g)
 {
     enum { N = 24 };
     static worker ws[N];
-    random_workers(ws, N, d, g);
-    run_workers(ws, N);
+    start_random_workers(ws, N, d, g);
+    join_workers(ws, N);
     check_workers(ws, N, "request through 2 contexts");
     free_workers(ws, N);
 }
@@ -565,8 +566,7 @@ static void test_sigterm(td_daemon *d, lnorm_rng *g)
 {
     enum { N = 32 };
     static worker ws[N];
-    random_workers(ws, N, d, g);
-    start_workers(ws, N);
+    start_random_workers(ws, N, d, g);
     /* Wait until every request is inside the daemon, then SIGTERM. */
     double q = td_wait_metric(d, "lnormd_requests_in_flight", N, 5000);
     CHECK(q == N, "in flight before SIGTERM: %g", q);
