@@ -136,6 +136,16 @@ int td_tmpdir(char *out, size_t n, const char *tag)
     return chmod(out, 0700);
 }
 
+int td_tmpfile(char *path, size_t n, const char *tag, const char *name)
+{
+    char dir[256];
+    if (td_tmpdir(dir, sizeof dir, tag) != 0 || (size_t)snprintf(path, n, "%s/%s", dir, name) >= n) {
+        CHECK_FAIL("no temporary file %s", name);
+        return -1;
+    }
+    return 0;
+}
+
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb;

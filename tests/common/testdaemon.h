@@ -125,6 +125,10 @@ int td_usage(int argc, char **argv, int nargs, const char *usage);
  * tag, removed when the test exits; 0 or -1. */
 int td_tmpdir(char *out, size_t n, const char *tag);
 
+/* The path of a file NAME in a new td_tmpdir folder (tag), in path (n
+ * bytes); 0, or -1 after a CHECK_FAIL. */
+int td_tmpfile(char *path, size_t n, const char *tag, const char *name);
+
 /* Remove the files in dir (not recursively) and dir itself. */
 void td_rmdir(const char *dir);
 

@@ -808,12 +808,9 @@ static void test_config(td_daemon *none, lnorm_rng *g)
               bad[i][1] ? bad[i][1] : "", rc, out);
     }
     /* A config file: bad key / bad value exit 2; a good one is used, flags win. */
-    char dir[256], path[300];
-    if (td_tmpdir(dir, sizeof dir, "cfg") != 0) {
-        CHECK_FAIL("no temporary folder");
+    char path[300];
+    if (td_tmpfile(path, sizeof path, "cfg", "lnormd.conf") != 0)
         return;
-    }
-    snprintf(path, sizeof path, "%s/lnormd.conf", dir);
     FILE *f = fopen(path, "w");
     fprintf(f, "# comment\nmax-rows = 10\nbogus-key = 1\n");
     fclose(f);
@@ -971,12 +968,9 @@ static void test_deploy_conf(td_daemon *none, lnorm_rng *g)
     }
     CHECK(keys >= 20, "only %d keys found in --help", keys);
     /* Uncomment every default (not listen: the harness gives its own). */
-    char dir[256], path[300];
-    if (td_tmpdir(dir, sizeof dir, "conf") != 0) {
-        CHECK_FAIL("no temporary folder");
+    char path[300];
+    if (td_tmpfile(path, sizeof path, "conf", "all.conf") != 0)
         return;
-    }
-    snprintf(path, sizeof path, "%s/all.conf", dir);
     FILE *o = fopen(path, "w");
     int lines = 0;
     for (char *line = strtok(conf, "\n"); line; line = strtok(NULL, "\n")) {
