@@ -14,6 +14,7 @@
 
 #include "batcher.h"
 #include "log.h"
+#include "replies.h"
 
 struct lnorm__batcher {
     pthread_mutex_t mu;
@@ -40,6 +41,7 @@ struct lnorm__batcher {
     lnorm__stats *st;
     lnorm__finish_fn finish;
     void *arg;
+    lnorm__replies *replies;  /* NULL: finish on the completing thread */
 };
 
 /* A batch on the backend. */
@@ -107,6 +109,13 @@ static void lnorm__timer_set_locked(lnorm__batcher *b, uint64_t at)
     b->timer_at = at;
 }
 
+/* A completed request on a reply pool thread. */
+static void lnorm__finish_pooled(void *arg, lnorm__req *r)
+{
+    lnorm__batcher *b = arg;
+    b->finish(b->arg, r, LNORM_OK, NULL, &r->timing);
+}
+
 int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend *be, lnorm__stats *st,
                           const lnorm__batcher_opts *opts, lnorm__finish_fn finish, void *arg)
 {
@@ -124,10 +133,15 @@ int lnorm__batcher_create(lnorm__batcher **out, uv_loop_t *loop, lnorm__backend 
     b->st = st;
     b->finish = finish;
     b->arg = arg;
-    b->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (opts->reply_threads &&
+        lnorm__replies_create(&b->replies, (int)opts->reply_threads, lnorm__finish_pooled, b) != LNORM_OK)
+        b->tfd = -1;
+    else
+        b->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (b->tfd < 0 || uv_poll_init(loop, &b->timer, b->tfd) != 0) {
         if (b->tfd >= 0)
             close(b->tfd);
+        lnorm__replies_destroy(b->replies);
         pthread_cond_destroy(&b->idle_cv);
         pthread_mutex_destroy(&b->mu);
         free(b);
@@ -211,7 +225,7 @@ int lnorm__batcher_idle(lnorm__batcher *b)
     pthread_mutex_lock(&b->mu);
     int idle = !b->qlen && !b->inflight && !b->kickers;
     pthread_mutex_unlock(&b->mu);
-    return idle;
+    return idle && (!b->replies || lnorm__replies_pending(b->replies) == 0);
 }
 
 /* Unlink r (whose predecessor is prev) from its level's queue; lock held. */
@@ -238,7 +252,7 @@ static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t 
 {
     lnorm__bjob *j = (lnorm__bjob *)job;
     lnorm__batcher *b = j->b;
-    lnorm__timing t;
+    lnorm__timing t = {0};
     t.compute_us = compute_ns / 1000;
     t.batch_rows = (uint32_t)(job->rows > UINT32_MAX ? UINT32_MAX : job->rows);
     t.batch_requests = (uint32_t)j->n;
@@ -250,10 +264,24 @@ static void lnorm__job_done(lnorm__job *job, int err, const char *why, uint64_t 
     } else {
         atomic_fetch_add(&b->st->rows, job->rows);
     }
-    for (size_t i = 0; i < j->n; i++) {
-        lnorm__req *r = j->reqs[i];
-        t.queue_us = (j->start_ns - r->recv_ns) / 1000;
-        b->finish(b->arg, r, err, why, &t);
+    t.done_ns = lnorm__now_ns();
+    if (b->replies && !err) {
+        /* Replies of a good batch go to the pool as one list; an error
+         * (why may not outlive this call) is answered right here. */
+        for (size_t i = 0; i < j->n; i++) {
+            lnorm__req *r = j->reqs[i];
+            r->timing = t;
+            r->timing.queue_us = (j->start_ns - r->recv_ns) / 1000;
+            r->next = i + 1 < j->n ? j->reqs[i + 1] : NULL;
+        }
+        if (j->n)
+            lnorm__replies_push(b->replies, j->reqs[0], j->reqs[j->n - 1], j->n);
+    } else {
+        for (size_t i = 0; i < j->n; i++) {
+            lnorm__req *r = j->reqs[i];
+            t.queue_us = (j->start_ns - r->recv_ns) / 1000;
+            b->finish(b->arg, r, err, why, &t);
+        }
     }
     free(j);
     pthread_mutex_lock(&b->mu);
@@ -390,7 +418,7 @@ static void lnorm__kick_locked(lnorm__batcher *b)
             lnorm__req *r = expired;
             expired = r->next;
             r->next = NULL;
-            lnorm__timing t = {(now - r->recv_ns) / 1000, 0, 0, 0};
+            lnorm__timing t = {.queue_us = (now - r->recv_ns) / 1000};
             if (r->queue_deadline_ns && r->queue_deadline_ns == lnorm__expiry(r)) {
                 char why[128];
                 snprintf(why, sizeof why, "waited past max_queue_us (%llu us) in the queue at priority %u; not run",
@@ -457,19 +485,22 @@ void lnorm__batcher_abort(lnorm__batcher *b)
         lnorm__req *r = list;
         list = r->next;
         r->next = NULL;
-        lnorm__timing t = {(lnorm__now_ns() - r->recv_ns) / 1000, 0, 0, 0};
+        lnorm__timing t = {.queue_us = (lnorm__now_ns() - r->recv_ns) / 1000};
         b->finish(b->arg, r, LNORM_EUNAVAIL, "lnormd is shutting down", &t);
     }
     pthread_mutex_lock(&b->mu);
     while (b->inflight || b->kickers)
         pthread_cond_wait(&b->idle_cv, &b->mu);
     pthread_mutex_unlock(&b->mu);
+    if (b->replies)
+        lnorm__replies_wait_idle(b->replies);
 }
 
 void lnorm__batcher_destroy(lnorm__batcher *b)
 {
     if (!b)
         return;
+    lnorm__replies_destroy(b->replies); /* finishes whatever is still queued */
     if (b->tfd >= 0)
         close(b->tfd);
     pthread_cond_destroy(&b->idle_cv);

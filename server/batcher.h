@@ -13,7 +13,9 @@
  * limit. A request whose deadline, or whose longest queue wait
  * (max_queue_us: queueing only, not compute), passes while queued is
  * answered DEADLINE_EXCEEDED and never computed; both end on the same
- * timerfd. Every request submitted is finished exactly once.
+ * timerfd. Every request submitted is finished exactly once; those of a
+ * batch that completed are finished on the reply pool (replies.h) when
+ * reply_threads > 0.
  */
 #ifndef LNORM_SERVER_BATCHER_H
 #define LNORM_SERVER_BATCHER_H
@@ -35,6 +37,8 @@ typedef struct lnorm__batcher_opts {
     unsigned default_priority;  /* level of a request that asks none (0: 1; capped at the levels) */
     uint64_t priority_max_queue[LNORM__MAX_PRIORITY]; /* [0]: level 1; 0: only max_queue */
     uint64_t max_queue_wait_us; /* for a request that asks none; 0: no limit */
+    unsigned reply_threads;     /* at create only: threads that finish a completed batch's
+                                   requests (0: the completing thread itself) */
 } lnorm__batcher_opts;
 
 /* Called once per request, from any thread: err LNORM_OK with outputs

@@ -93,6 +93,9 @@ static const lnorm__key lnorm__keys[] = {
     {"max-queue-wait-us", K_U64, O(max_queue_wait_us), 0, 3600000000ull, "0",
      "longest a Normalize request may wait in the queue, for one that gives no max_queue_us; then "
      "DEADLINE_EXCEEDED, never computed (0: no limit)"},
+    {"reply-threads", K_U64, O(reply_threads), 0, 256, "4",
+     "threads that encode and send the replies of a finished batch (0: the thread that finished it, "
+     "one reply after another)"},
     {"max-message-bytes", K_U64, O(max_message_bytes), 1024, 1ull << 31, "67108864",
      "largest request accepted (RESOURCE_EXHAUSTED above; the NNG receive limit is this plus 1 MiB, "
      "larger messages are dropped by NNG)"},
@@ -102,6 +105,9 @@ static const lnorm__key lnorm__keys[] = {
      "memory for registered parameters (RegisterParams beyond it: RESOURCE_EXHAUSTED)"},
     {"max-inflight-bytes", K_U64, O(max_inflight_bytes), 1 * MiB, 1ull << 40, "4294967296",
      "payload memory (in + out) held by Normalize requests in flight; more get RESOURCE_EXHAUSTED"},
+    {"workers", K_U64, O(workers), 1, 64, "1",
+     "lnormd processes, each with its own NNG and addresses, sharing the GPUs (worker i: ipc PATH.i, tcp "
+     "PORT+i, http PORT+i); clients dial them all. One NNG process serves some 50k messages/s"},
     {"contexts", K_U64, O(contexts), 1, 65536, "1024", "NNG contexts: requests received and served at once (beyond them NNG applies back-pressure)"},
     {"send-timeout-ms", K_U64, O(send_timeout_ms), 1, 3600000, "10000",
      "a reply not taken by its client within this time is dropped (frees the context)"},

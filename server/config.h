@@ -39,12 +39,14 @@ typedef struct lnorm__config {
     char priority_max_queue_list[LNORM__STR_MAX];
     uint64_t priority_max_queue[LNORM__MAX_PRIORITY]; /* parsed from the list; [0]: level 1 */
     uint64_t max_queue_wait_us;
+    uint64_t reply_threads;
     uint64_t max_message_bytes;
     uint64_t max_rows;
     uint64_t max_hidden;
     uint64_t max_params_bytes;
     uint64_t max_inflight_bytes;
     uint64_t contexts;
+    uint64_t workers;
     uint64_t drain_timeout_ms;
     uint64_t send_timeout_ms;
     int log_level;

@@ -18,6 +18,7 @@
 #include "backend_cuda.h"
 #include "daemon.h"
 #include "log.h"
+#include "workers.h"
 
 #define LNORM__HOUSEKEEPING_MS 50
 
@@ -87,6 +88,7 @@ static void lnorm__batcher_opts_of(const lnorm__config *c, lnorm__batcher_opts *
     o->default_priority = (unsigned)c->default_priority;
     memcpy(o->priority_max_queue, c->priority_max_queue, sizeof o->priority_max_queue);
     o->max_queue_wait_us = c->max_queue_wait_us;
+    o->reply_threads = (unsigned)c->reply_threads;
 }
 
 static void lnorm__stop_loop(lnorm__daemon *d)
@@ -313,6 +315,12 @@ int main(int argc, char **argv)
     }
     atomic_store(&lnorm__log_level, d->cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
+    if (d->cfg.workers > 1) {
+        /* Before any thread exists: the supervisor returns only at the end. */
+        int wrc = lnorm__workers_run(&d->cfg);
+        if (wrc >= 0)
+            return wrc;
+    }
     d->lim.max_message_bytes = d->cfg.max_message_bytes;
     d->lim.max_rows = d->cfg.max_rows;
     d->lim.max_hidden = d->cfg.max_hidden < LNORM_CORE_MAX_HIDDEN ? d->cfg.max_hidden : LNORM_CORE_MAX_HIDDEN;
@@ -359,6 +367,15 @@ int main(int argc, char **argv)
     uv_signal_start(&d->sig_int, lnorm__on_signal, SIGINT);
     uv_signal_start(&d->sig_term, lnorm__on_signal, SIGTERM);
     uv_signal_start(&d->sig_hup, lnorm__on_signal, SIGHUP);
+    {
+        /* A worker inherits them blocked (workers.c): now they are handled. */
+        sigset_t sigs;
+        sigemptyset(&sigs);
+        sigaddset(&sigs, SIGINT);
+        sigaddset(&sigs, SIGTERM);
+        sigaddset(&sigs, SIGHUP);
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    }
     uv_timer_init(&d->loop, &d->housekeeping);
     d->housekeeping.data = d;
     uv_timer_start(&d->housekeeping, lnorm__on_housekeeping, LNORM__HOUSEKEEPING_MS, LNORM__HOUSEKEEPING_MS);

@@ -7,8 +7,17 @@
 #include "codec.h"
 #include "params.h"
 
+/* What the batcher reports with each finished request. */
+typedef struct lnorm__timing {
+    uint64_t queue_us;
+    uint64_t compute_us;
+    uint32_t batch_rows;
+    uint32_t batch_requests;
+    uint64_t done_ns;         /* when its batch finished (monotonic) */
+} lnorm__timing;
+
 typedef struct lnorm__req {
-    struct lnorm__req *next;  /* queue link */
+    struct lnorm__req *next;  /* queue link (the batcher's, then the reply pool's) */
     void *slot;               /* transport context that replies */
     lnorm__decoded dec;       /* the message; dec.seg has inputs AND outputs set */
     lnorm__pset *pset;        /* registered params in use, or NULL */
@@ -21,14 +30,7 @@ typedef struct lnorm__req {
     uint64_t bytes;           /* payload in + out */
     uint64_t reserved;        /* counted in the daemon's in-flight bytes */
     void *y, *mean, *rstd, *res_out; /* output buffers (backend memory) */
+    lnorm__timing timing;     /* set when its batch finishes (for the reply pool) */
 } lnorm__req;
-
-/* What the batcher reports with each finished request. */
-typedef struct lnorm__timing {
-    uint64_t queue_us;
-    uint64_t compute_us;
-    uint32_t batch_rows;
-    uint32_t batch_requests;
-} lnorm__timing;
 
 #endif

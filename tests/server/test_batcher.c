@@ -19,6 +19,11 @@
  *                              DEADLINE_EXCEEDED and never reaches the
  *                              backend; a deadline keeps its own message;
  *                              the wait does not cover compute
+ *   test_batcher replies       with reply_threads, a batch's requests are
+ *                              finished on several pool threads at once,
+ *                              not on the thread that completed it; the
+ *                              batcher is not idle while a reply is
+ *                              pending; abort waits for every reply
  *
  * The fake backend takes one job at a time (max_inflight 1) and records
  * each batch (rows, bytes, segments, when); it finishes a job at once, or
@@ -112,10 +117,38 @@ static int g_finished, g_finish_errors;
 static int g_done[NTAGS], g_err[NTAGS];
 static char g_why[NTAGS][160];
 
+/* test_replies: finishes of good requests wait at the gate while it is
+ * shut, counting how many wait at once and on which threads. */
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_on, g_gate_open, g_in_finish, g_max_in_finish;
+static pthread_t g_completer;
+static int g_on_completer;
+
+static void gate(int err)
+{
+    pthread_mutex_lock(&g_gate_mu);
+    if (!g_gate_on || err != LNORM_OK) {
+        pthread_mutex_unlock(&g_gate_mu);
+        return;
+    }
+    g_on_completer += pthread_equal(pthread_self(), g_completer) != 0;
+    g_in_finish++;
+    if (g_in_finish > g_max_in_finish)
+        g_max_in_finish = g_in_finish;
+    pthread_cond_broadcast(&g_gate_cv);
+    while (!g_gate_open)
+        pthread_cond_wait(&g_gate_cv, &g_gate_mu);
+    g_in_finish--;
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
 static void on_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
 {
     (void)arg;
     (void)t;
+    gate(err);
+    pthread_mutex_lock(&g_gate_mu); /* pool threads finish concurrently */
     g_finished++;
     g_finish_errors += err != LNORM_OK;
     int tag = (int)(uintptr_t)r->dec.seg.x;
@@ -124,6 +157,7 @@ static void on_finish(void *arg, lnorm__req *r, int err, const char *why, const 
         g_err[tag] = err;
         snprintf(g_why[tag], sizeof g_why[tag], "%s", why ? why : "");
     }
+    pthread_mutex_unlock(&g_gate_mu);
     free(r);
 }
 
@@ -154,7 +188,7 @@ static void rig_open_opts(rig *k, const lnorm__batcher_opts *o, int hold)
 
 static void rig_open(rig *k, uint64_t max_rows, uint64_t max_bytes, uint64_t delay_us, int hold)
 {
-    lnorm__batcher_opts o = {max_rows, max_bytes, delay_us, 10000, 1, 1, {0}, 0};
+    lnorm__batcher_opts o = {max_rows, max_bytes, delay_us, 10000, 1, 1, {0}, 0, 0};
     rig_open_opts(k, &o, hold);
 }
 
@@ -362,7 +396,7 @@ static void test_priority(void)
 {
     rig k;
     /* 3 levels, unmarked requests at level 2; 10-row requests, 3 to a batch */
-    lnorm__batcher_opts o = {30, 1 << 20, 0, 10000, 3, 2, {0}, 0};
+    lnorm__batcher_opts o = {30, 1 << 20, 0, 10000, 3, 2, {0}, 0, 0};
     rig_open_opts(&k, &o, 1);
     CHECK_EQ_INT(submit_req(&k, 10, 1, 1, 0, 0, NULL, 0), LNORM_OK, "held request");
     static const struct {
@@ -407,7 +441,7 @@ static void test_prio_limits(void)
     rig k;
     char why[256];
     /* 2 levels; level 1 holds at most 2 queued, level 2 only max_queue (5) */
-    lnorm__batcher_opts o = {1000, 1 << 20, 0, 5, 2, 1, {2, 0}, 0};
+    lnorm__batcher_opts o = {1000, 1 << 20, 0, 5, 2, 1, {2, 0}, 0, 0};
     rig_open_opts(&k, &o, 1);
     CHECK_EQ_INT(submit_req(&k, 1, 1, 1, 0, 0, NULL, 0), LNORM_OK, "held request");
     CHECK_EQ_INT(submit_req(&k, 1, 10, 1, 0, 0, NULL, 0), LNORM_OK, "1st at level 1");
@@ -449,7 +483,7 @@ static void run_loop_ms(rig *k, int ms)
 static void test_queue_wait(void)
 {
     rig k;
-    lnorm__batcher_opts o = {1000, 1 << 20, 0, 100, 1, 1, {0}, 0};
+    lnorm__batcher_opts o = {1000, 1 << 20, 0, 100, 1, 1, {0}, 0, 0};
     rig_open_opts(&k, &o, 1);
     CHECK_EQ_INT(submit_req(&k, 1, 1, 0, 0, 0, NULL, 0), LNORM_OK, "held request");
     submit_req(&k, 1, 10, 0, 50000, 0, NULL, 0); /* 50 ms queue wait */
@@ -498,6 +532,85 @@ static void test_queue_wait(void)
           "the requests that waited: %s, %s", lnorm_errname(g_err[11]), lnorm_errname(g_err[14]));
 }
 
+static void *release_thread(void *arg)
+{
+    while (fake_release(arg))
+        ;
+    return NULL;
+}
+
+/* Wait (up to 5 s) until n finishes wait at the gate; how many do. */
+static int gate_wait_for(int n)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_mutex_lock(&g_gate_mu);
+    while (g_in_finish < n && pthread_cond_timedwait(&g_gate_cv, &g_gate_mu, &until) == 0)
+        ;
+    int got = g_in_finish;
+    pthread_mutex_unlock(&g_gate_mu);
+    return got;
+}
+
+static void gate_set(int on, int open)
+{
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_on = on;
+    g_gate_open = open;
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    td_sleep_ms(100);
+    gate_set(1, 1);
+    return NULL;
+}
+
+static void test_replies(void)
+{
+    enum { NREQ = 32, THREADS = 4 };
+    rig k;
+    lnorm__batcher_opts o = {1000, 1 << 20, 0, 10000, 1, 1, {0}, 0, THREADS};
+    rig_open_opts(&k, &o, 1);
+    submit(&k, 1, 100); /* held: the rest queue behind it */
+    for (int i = 0; i < NREQ; i++)
+        submit(&k, 1, 100);
+    gate_set(1, 0);
+    /* Another thread completes the batches, as a backend's completion
+     * thread would; none of the finishes may run on it. */
+    pthread_create(&g_completer, NULL, release_thread, &k.be);
+    int waiting = gate_wait_for(2);
+    printf("replies: %d finishes at the gate at once (%d pool threads)\n", waiting, THREADS);
+    CHECK(waiting >= 2, "only %d finish at a time: the batch's replies are not spread over the pool", waiting);
+    CHECK(!lnorm__batcher_idle(k.b), "the batcher says idle while replies are still pending");
+    gate_set(1, 1);
+    pthread_join(g_completer, NULL);
+    rig_close(&k);
+    CHECK_EQ_INT(g_on_completer, 0, "finishes run on the thread that completed the batch");
+    CHECK(g_max_in_finish <= THREADS, "%d finishes at once on %d threads", g_max_in_finish, THREADS);
+
+    /* abort returns only once every reply is done. */
+    rig_open_opts(&k, &o, 1);
+    submit(&k, 1, 100);
+    for (int i = 0; i < 8; i++)
+        submit(&k, 1, 100);
+    gate_set(1, 0);
+    pthread_create(&g_completer, NULL, release_thread, &k.be);
+    pthread_join(g_completer, NULL);
+    CHECK(gate_wait_for(1) >= 1, "no finish reached the gate");
+    pthread_t opener;
+    pthread_create(&opener, NULL, open_gate_later, NULL); /* while abort waits */
+    lnorm__batcher_abort(k.b);
+    pthread_join(opener, NULL);
+    CHECK_EQ_INT(g_finished, k.submitted, "requests finished when abort returned");
+    gate_set(0, 0);
+    rig_close(&k);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -507,12 +620,13 @@ int main(int argc, char **argv)
                  {"early", test_early},
                  {"priority", test_priority},
                  {"prio_limits", test_prio_limits},
-                 {"queue_wait", test_queue_wait}};
+                 {"queue_wait", test_queue_wait},
+                 {"replies", test_replies}};
     size_t i = 0, n = sizeof tests / sizeof tests[0];
     while (argc == 2 && i < n && strcmp(argv[1], tests[i].name))
         i++;
     if (argc != 2 || i == n) {
-        fprintf(stderr, "usage: %s caps|early|priority|prio_limits|queue_wait\n", argv[0]);
+        fprintf(stderr, "usage: %s caps|early|priority|prio_limits|queue_wait|replies\n", argv[0]);
         return 2;
     }
     td_watchdog(60);
