@@ -55,6 +55,11 @@ typedef struct lnorm__backend_counters {
     uint64_t staged_segments;  /* segments gathered into / scattered from staging memory */
     uint64_t direct_segments;  /* segments copied straight from / to their own buffers */
     uint64_t oversize_batches; /* batches that needed a temporary device buffer */
+    /* Host time by stage, summed over batches: [0] enqueue (gather and
+     * queue the copies and launches), [1] wait (until the batch's device
+     * work is done), [2] scatter (outputs out of staging); stage_n: batches. */
+    uint64_t stage_ns[3];
+    uint64_t stage_n[3];
 } lnorm__backend_counters;
 
 /* What a backend can do with the daemon's buffers: bits of ops->caps. */

@@ -165,6 +165,7 @@ int lnorm__backend_cpu_create(lnorm__backend **out, int nthreads, int njobs)
             return LNORM_ENOMEM;
         }
         b->njobs = i + 1;
+        pthread_setname_np(b->threads[i], "lnorm:cpu-job");
     }
     *out = &b->base;
     return LNORM_OK;

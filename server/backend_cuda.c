@@ -106,7 +106,7 @@ typedef struct lnorm__cuda_slot {
     const char *why;
     int enqueued;          /* work and done_ev are on the stream */
     int any_staged;        /* the completion has segments to scatter */
-    uint64_t t0;
+    uint64_t t0, t_enq;        /* job taken; its work queued (monotonic ns) */
     int busy;
 } lnorm__cuda_slot;
 
@@ -150,6 +150,7 @@ struct lnorm__cuda_be {
     atomic_uint_fast64_t fault_seq;
     atomic_int stopping;
     atomic_uint_fast64_t n_errors, n_fallback, n_staged, n_direct, n_oversize;
+    atomic_uint_fast64_t stage_ns[3], stage_n[3]; /* lnorm__backend_counters' stages */
 };
 
 static uint64_t lnorm__cuda_now(void)
@@ -157,6 +158,12 @@ static uint64_t lnorm__cuda_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void lnorm__cuda_stage(lnorm__cuda_be *be, int i, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&be->stage_ns[i], ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&be->stage_n[i], 1, memory_order_relaxed);
 }
 
 static size_t lnorm__up(size_t n)
@@ -566,6 +573,8 @@ static void *lnorm__cuda_worker(void *arg)
             sl->why = "cudaSetDevice";
         } else {
             sl->err = lnorm__cuda_enqueue(be, sl, job);
+            sl->t_enq = lnorm__cuda_now();
+            lnorm__cuda_stage(be, 0, sl->t_enq - sl->t0);
             if (sl->err) {
                 /* Copies already queued may still read or write the job's
                  * buffers: let them finish before done is called. */
@@ -610,12 +619,15 @@ static void *lnorm__cuda_completer(void *arg)
         const char *why = sl->why;
         if (!err && sl->enqueued) {
             cudaError_t ce = cudaEventSynchronize(sl->done_ev);
+            uint64_t t_done = lnorm__cuda_now();
+            lnorm__cuda_stage(be, 1, t_done - sl->t_enq);
             if (ce != cudaSuccess) {
                 err = LNORM_ECUDA;
                 why = cudaGetErrorString(ce);
                 lnorm__slot_drain(sl);
             } else if (sl->any_staged) {
                 lnorm__slot_scatter(sl);
+                lnorm__cuda_stage(be, 2, lnorm__cuda_now() - t_done);
             }
         }
         if (err == LNORM_ECUDA) {
@@ -805,6 +817,10 @@ static void lnorm__cuda_counters(lnorm__backend *base, lnorm__backend_counters *
     out->staged_segments = atomic_load_explicit(&be->n_staged, memory_order_relaxed);
     out->direct_segments = atomic_load_explicit(&be->n_direct, memory_order_relaxed);
     out->oversize_batches = atomic_load_explicit(&be->n_oversize, memory_order_relaxed);
+    for (int i = 0; i < 3; i++) {
+        out->stage_ns[i] = atomic_load_explicit(&be->stage_ns[i], memory_order_relaxed);
+        out->stage_n[i] = atomic_load_explicit(&be->stage_n[i], memory_order_relaxed);
+    }
 }
 
 static const char *lnorm__sched_name(unsigned sched)
@@ -1102,12 +1118,14 @@ int lnorm__backend_cuda_create_opts(lnorm__backend **out, const lnorm__cuda_opts
             break;
         }
         g->worker_started = 1;
+        pthread_setname_np(g->worker, "lnorm:cuda-run");
         /* The completer only with a worker: it exits once the worker has. */
         if (pthread_create(&g->completer, NULL, lnorm__cuda_completer, g) != 0) {
             rc = LNORM_ENOMEM;
             break;
         }
         g->completer_started = 1;
+        pthread_setname_np(g->completer, "lnorm:cuda-done");
     }
     if (rc != LNORM_OK) {
         lnorm__cuda_destroy(&be->base); /* no job was submitted: the threads just exit */

@@ -72,7 +72,9 @@ static void lnorm__send(lnorm__daemon *d, void *slot, uint64_t id, int code, nng
     else
         LOG_ERROR("request %llu: out of memory for any reply; request dropped", (unsigned long long)id);
     atomic_fetch_sub(&d->stats.inflight, 1);
+    uint64_t t0 = lnorm__now_ns();
     lnorm__transport_reply(slot, m);
+    lnorm__stats_stage(&d->stats, LNORM__STAGE_SEND, lnorm__now_ns() - t0);
 }
 
 static void lnorm__reply_error(lnorm__daemon *d, void *slot, uint64_t id, int err, const char *msg)
@@ -275,6 +277,7 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     int rc = d->borrow ? lnorm__codec_decode_request_borrow(nng_msg_body(msg), len, &d->lim, &dec, err, sizeof err)
                        : lnorm__codec_decode_request(nng_msg_body(msg), len, &d->lim, d->pb_allocp, &dec, err,
                                                      sizeof err);
+    lnorm__stats_stage(&d->stats, LNORM__STAGE_DECODE, lnorm__now_ns() - recv_ns);
     if (rc != LNORM_OK) {
         lnorm__reply_error(d, slot, dec.request_id, rc, err);
         lnorm__codec_decoded_free(&dec);
@@ -355,6 +358,9 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
     lnorm__daemon *d = arg;
     void *slot = r->slot;
     nng_msg *m = NULL;
+    uint64_t t0 = lnorm__now_ns();
+    if (t->done_ns)
+        lnorm__stats_stage(&d->stats, LNORM__STAGE_REPLY_WAIT, t0 - t->done_ns);
     if (err != LNORM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
@@ -379,6 +385,7 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
         r->dec.src = NULL;
         nng_msg_header_clear(m);
         int rc = lnorm__codec_pack_y_in_place(m, r->dec.seg.y, r->dec.y_bytes, r->dec.request_id, &tm);
+        lnorm__stats_stage(&d->stats, LNORM__STAGE_ENCODE, lnorm__now_ns() - t0);
         uint64_t id = r->dec.request_id;
         if (rc != LNORM_OK) {
             nng_msg_free(m);
@@ -417,6 +424,7 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
     resp.status = &st;
     if (lnorm__codec_pack(&resp, &m) == LNORM_OK)
         atomic_fetch_add(&d->stats.normalize_ok, 1);
+    lnorm__stats_stage(&d->stats, LNORM__STAGE_ENCODE, lnorm__now_ns() - t0);
     lnorm__req_free(d, r);
     lnorm__send(d, slot, resp.request_id, 0, m);
 }

@@ -60,6 +60,12 @@ void lnorm__stats_reply(lnorm__stats *s, int code)
     atomic_fetch_add_explicit(&s->requests[code], 1, memory_order_relaxed);
 }
 
+void lnorm__stats_stage(lnorm__stats *s, int stage, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&s->stage_ns[stage], ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->stage_n[stage], 1, memory_order_relaxed);
+}
+
 void lnorm__stats_set_backend(lnorm__stats *s, const lnorm__backend_counters *c)
 {
     atomic_store_explicit(&s->cuda_errors, c->errors, memory_order_relaxed);
@@ -67,6 +73,11 @@ void lnorm__stats_set_backend(lnorm__stats *s, const lnorm__backend_counters *c)
     atomic_store_explicit(&s->cuda_staged_segments, c->staged_segments, memory_order_relaxed);
     atomic_store_explicit(&s->cuda_direct_segments, c->direct_segments, memory_order_relaxed);
     atomic_store_explicit(&s->cuda_oversize_batches, c->oversize_batches, memory_order_relaxed);
+    static const int st[3] = {LNORM__STAGE_CUDA_ENQUEUE, LNORM__STAGE_CUDA_WAIT, LNORM__STAGE_CUDA_SCATTER};
+    for (int i = 0; i < 3; i++) {
+        atomic_store_explicit(&s->stage_ns[st[i]], c->stage_ns[i], memory_order_relaxed);
+        atomic_store_explicit(&s->stage_n[st[i]], c->stage_n[i], memory_order_relaxed);
+    }
 }
 
 typedef struct lnorm__sbuf {
@@ -213,6 +224,17 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_counter(&b, "lnormd_cuda_oversize_batches_total", "counter",
                           "Batches larger than a slot's device arena (temporary device buffer).",
                           LD(s->cuda_oversize_batches));
+    static const char *stage_names[LNORM__NSTAGES] = {"decode",       "reply_wait",   "encode",      "send",
+                                                      "cuda_enqueue", "cuda_wait", "cuda_scatter"};
+    lnorm__sb_printf(&b, "# HELP lnormd_stage_seconds_total Host time spent in each stage (requests; cuda_*: batches).\n"
+                         "# TYPE lnormd_stage_seconds_total counter\n");
+    for (int i = 0; i < LNORM__NSTAGES; i++)
+        lnorm__sb_printf(&b, "lnormd_stage_seconds_total{stage=\"%s\"} %.6f\n", stage_names[i],
+                         (double)LD(s->stage_ns[i]) / 1e9);
+    lnorm__sb_printf(&b, "# HELP lnormd_stage_events_total Events counted in lnormd_stage_seconds_total.\n"
+                         "# TYPE lnormd_stage_events_total counter\n");
+    for (int i = 0; i < LNORM__NSTAGES; i++)
+        lnorm__sb_printf(&b, "lnormd_stage_events_total{stage=\"%s\"} %llu\n", stage_names[i], LD(s->stage_n[i]));
     lnorm__render_hist(&b, &s->batch_rows);
     lnorm__render_hist(&b, &s->batch_requests);
     lnorm__render_hist(&b, &s->queue_seconds);

@@ -22,6 +22,21 @@ typedef struct lnorm__hist {
     _Atomic double sum;
 } lnorm__hist;
 
+/* Where a request's time goes on the host, summed over requests
+ * (lnormd_stage_seconds_total / lnormd_stage_events_total, label stage).
+ * queue and compute have their own histograms; the CUDA stages are the
+ * backend's, per batch. */
+enum {
+    LNORM__STAGE_DECODE,       /* unpack + validate (+ copy into pinned memory) */
+    LNORM__STAGE_REPLY_WAIT,   /* batch finished -> a reply thread takes the request */
+    LNORM__STAGE_ENCODE,       /* the reply message packed */
+    LNORM__STAGE_SEND,         /* handing the reply to NNG (may write it out) */
+    LNORM__STAGE_CUDA_ENQUEUE, /* batch: gather into pinned staging + copies and launches queued */
+    LNORM__STAGE_CUDA_WAIT,    /* batch: queued -> its event done (H2D, kernels, D2H, any wait behind a slot) */
+    LNORM__STAGE_CUDA_SCATTER, /* batch: outputs copied out of staging */
+    LNORM__NSTAGES
+};
+
 /* One batching priority level (lnormd_priority_* series, label priority). */
 typedef struct lnorm__level_stats {
     atomic_int_fast64_t queue_depth;     /* requests of the level waiting */
@@ -52,6 +67,8 @@ typedef struct lnorm__stats {
     atomic_uint_fast64_t cuda_staged_segments;
     atomic_uint_fast64_t cuda_direct_segments;
     atomic_uint_fast64_t cuda_oversize_batches;
+    atomic_uint_fast64_t stage_ns[LNORM__NSTAGES];
+    atomic_uint_fast64_t stage_n[LNORM__NSTAGES];
     lnorm__hist batch_rows;
     lnorm__hist batch_requests;
     lnorm__hist queue_seconds;
@@ -64,6 +81,8 @@ typedef struct lnorm__stats {
 void lnorm__stats_init(lnorm__stats *s);
 void lnorm__hist_observe(lnorm__hist *h, double v);
 void lnorm__stats_reply(lnorm__stats *s, int wire_code);
+/* Add one event of ns nanoseconds to a stage (LNORM__STAGE_*). */
+void lnorm__stats_stage(lnorm__stats *s, int stage, uint64_t ns);
 
 /* Copy a backend's counters into s (any thread). */
 struct lnorm__backend_counters;

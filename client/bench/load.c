@@ -107,37 +107,63 @@ struct run {
 
 static void slot_start(slot *s, uint64_t t0);
 
-/* CPU time of a process in microseconds, -1 if unknown: the sum of its
- * threads' run time from /proc/<pid>/task/<tid>/schedstat (nanoseconds),
- * or, without schedstat, user + system ticks from /proc/<pid>/stat. */
-double lnorm__proc_cpu_us(pid_t pid)
+/* One process's threads from /proc/<pid>/task: run time from schedstat
+ * (nanoseconds) added by thread name into out (*nout kinds); the total, -1
+ * when none could be read. */
+static double proc_threads(pid_t pid, lnorm__thread_cpu *out, int *nout)
 {
     char path[96];
     snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
     DIR *d = opendir(path);
-    if (d) {
-        double total = 0;
-        int n = 0;
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (e->d_name[0] == '.')
-                continue;
-            char sp[160];
-            snprintf(sp, sizeof sp, "/proc/%d/task/%.20s/schedstat", (int)pid, e->d_name);
-            FILE *f = fopen(sp, "r");
-            if (!f)
-                continue;
-            unsigned long long ns;
-            if (fscanf(f, "%llu", &ns) == 1) {
-                total += (double)ns / 1e3;
-                n++;
-            }
+    if (!d)
+        return -1;
+    double total = 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sp[160], name[32] = "?";
+        snprintf(sp, sizeof sp, "/proc/%d/task/%.20s/schedstat", (int)pid, e->d_name);
+        FILE *f = fopen(sp, "r");
+        if (!f)
+            continue;
+        unsigned long long ns;
+        int got = fscanf(f, "%llu", &ns) == 1;
+        fclose(f);
+        if (!got)
+            continue;
+        total += (double)ns / 1e3;
+        n++;
+        if (!out)
+            continue;
+        snprintf(sp, sizeof sp, "/proc/%d/task/%.20s/comm", (int)pid, e->d_name);
+        if ((f = fopen(sp, "r"))) {
+            if (fgets(name, sizeof name, f))
+                name[strcspn(name, "\n")] = '\0';
             fclose(f);
         }
-        closedir(d);
-        if (n > 0)
-            return total;
+        int k = 0;
+        while (k < *nout && strcmp(out[k].name, name) != 0)
+            k++;
+        if (k == *nout) {
+            if (*nout == LNORM__THREAD_KINDS)
+                continue;
+            memset(&out[k], 0, sizeof out[k]);
+            snprintf(out[k].name, sizeof out[k].name, "%s", name);
+            (*nout)++;
+        }
+        out[k].us += (double)ns / 1e3;
+        out[k].threads++;
     }
+    closedir(d);
+    return n > 0 ? total : -1;
+}
+
+/* Without schedstat: user + system ticks from /proc/<pid>/stat. */
+static double proc_ticks_us(pid_t pid)
+{
+    char path[96];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
     if (!f)
@@ -154,6 +180,50 @@ double lnorm__proc_cpu_us(pid_t pid)
     if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
         return -1;
     return (double)(utime + stime) * 1e6 / (double)sysconf(_SC_CLK_TCK);
+}
+
+double lnorm__proc_cpu_snap(pid_t pid, lnorm__thread_cpu *out, int *nout)
+{
+    int dummy = 0;
+    if (!nout)
+        nout = &dummy;
+    *nout = 0;
+    double total = proc_threads(pid, out, nout);
+    if (total < 0)
+        total = proc_ticks_us(pid);
+    if (total < 0)
+        return -1;
+    /* Child processes too (the workers of lnormd --workers). */
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        int c;
+        while (fscanf(f, "%d", &c) == 1) {
+            double t = proc_threads((pid_t)c, out, nout);
+            if (t < 0)
+                t = proc_ticks_us((pid_t)c);
+            if (t > 0)
+                total += t;
+        }
+        fclose(f);
+    }
+    return total;
+}
+
+double lnorm__proc_cpu_us(pid_t pid)
+{
+    return lnorm__proc_cpu_snap(pid, NULL, NULL);
+}
+
+void lnorm__thread_cpu_diff(lnorm__thread_cpu *after, int nafter, const lnorm__thread_cpu *before, int nbefore)
+{
+    for (int i = 0; i < nafter; i++)
+        for (int j = 0; j < nbefore; j++)
+            if (!strcmp(after[i].name, before[j].name)) {
+                after[i].us = after[i].us >= before[j].us ? after[i].us - before[j].us : 0;
+                break;
+            }
 }
 
 static double self_cpu_us(void)
@@ -432,9 +502,17 @@ static int open_raw(run *r, char *err, size_t errlen)
     nng_socket_set_ms(r->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     nng_socket_set_size(r->sock, NNG_OPT_RECVMAXSZ, 0);
     nng_socket_set_ms(r->sock, NNG_OPT_RECONNMINT, 20);
-    if ((rv = nng_dial(r->sock, r->cfg->url, NULL, 0)) != 0) {
-        snprintf(err, errlen, "dial %s: %s", r->cfg->url, nng_strerror(rv));
+    char urls[LNORM__URLS_MAX][LNORM__URL_MAX];
+    int nurls = lnorm__urls_split(r->cfg->url, urls);
+    if (nurls == 0) {
+        snprintf(err, errlen, "bad URL list '%s'", r->cfg->url);
         return -1;
+    }
+    for (int i = 0; i < nurls; i++) {
+        if ((rv = nng_dial(r->sock, urls[i], NULL, 0)) != 0) {
+            snprintf(err, errlen, "dial %.300s: %s", urls[i], nng_strerror(rv));
+            return -1;
+        }
     }
     for (int i = 0; i < r->nslots; i++) {
         slot *s = &r->slots[i];
@@ -459,7 +537,12 @@ static int open_lib(run *r, char *err, size_t errlen)
         o.chunk_bytes = r->cfg->chunk_bytes;
     if (r->cfg->pipeline_depth)
         o.pipeline_depth = r->cfg->pipeline_depth;
-    int rv = lnorm_client_open(&r->cli, &r->cfg->url, 1, &o);
+    char urls[LNORM__URLS_MAX][LNORM__URL_MAX];
+    const char *up[LNORM__URLS_MAX];
+    int nurls = lnorm__urls_split(r->cfg->url, urls);
+    for (int i = 0; i < nurls; i++)
+        up[i] = urls[i];
+    int rv = nurls ? lnorm_client_open(&r->cli, up, (size_t)nurls, &o) : LNORM_EINVAL;
     if (rv != LNORM_OK) {
         snprintf(err, errlen, "lnorm_client_open %s: %s", r->cfg->url, lnorm_strerror(rv));
         r->cli = NULL;
@@ -822,7 +905,9 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
         return -1;
     }
     double total_s = cfg->warmup_s + cfg->duration_s;
-    double srv_cpu0 = cfg->server_pid > 0 ? lnorm__proc_cpu_us(cfg->server_pid) : -1;
+    lnorm__thread_cpu thr0[LNORM__THREAD_KINDS];
+    int nthr0 = 0;
+    double srv_cpu0 = cfg->server_pid > 0 ? lnorm__proc_cpu_snap(cfg->server_pid, thr0, &nthr0) : -1;
     double cli_cpu0 = self_cpu_us();
     rp->t_start = lnorm__now_ns();
     rp->t_warm = rp->t_start + (uint64_t)(cfg->warmup_s * 1e9);
@@ -840,7 +925,8 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
             slot_start(&rp->slots[i], lnorm__now_ns());
     }
     drain(rp);
-    double srv_cpu1 = cfg->server_pid > 0 ? lnorm__proc_cpu_us(cfg->server_pid) : -1;
+    double srv_cpu1 = cfg->server_pid > 0 ? lnorm__proc_cpu_snap(cfg->server_pid, res->srv_threads, &res->n_srv_threads) : -1;
+    lnorm__thread_cpu_diff(res->srv_threads, res->n_srv_threads, thr0, nthr0);
     double cli_cpu1 = self_cpu_us();
 
     /* gather */
@@ -937,10 +1023,43 @@ static int call_raw(nng_socket s, const void *buf, size_t len, int *code, char *
     return 0;
 }
 
+int lnorm__urls_split(const char *list, char out[][LNORM__URL_MAX])
+{
+    int n = 0;
+    for (const char *p = list; p && *p;) {
+        size_t len = strcspn(p, ",");
+        if (n == LNORM__URLS_MAX || len == 0 || len >= LNORM__URL_MAX)
+            return 0;
+        memcpy(out[n], p, len);
+        out[n++][len] = '\0';
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return n;
+}
+
+static int params_setup_one(const char *url, const lnorm__work *w, int drop, char *err, size_t errlen);
+
 int lnorm__params_setup(const char *url, const lnorm__work *w, int drop, char *err, size_t errlen)
 {
     if (w->wl.params != LNORM__PARAMS_REGISTERED)
         return 0;
+    /* Each server of the list (each lnormd worker) keeps its own registry. */
+    char urls[LNORM__URLS_MAX][LNORM__URL_MAX];
+    int nurls = lnorm__urls_split(url, urls);
+    if (nurls == 0) {
+        snprintf(err, errlen, "bad URL list '%s'", url);
+        return -1;
+    }
+    for (int i = 0; i < nurls; i++)
+        if (params_setup_one(urls[i], w, drop, err, errlen) != 0)
+            return -1;
+    return 0;
+}
+
+static int params_setup_one(const char *url, const lnorm__work *w, int drop, char *err, size_t errlen)
+{
     nng_socket s;
     int rv;
     if ((rv = nng_req0_open(&s)) != 0) {

@@ -36,8 +36,32 @@ const char *lnorm__ek_name(int k);
  * k = 0..LNORM__SPECTRUM_N-1 (0 .. 99.999%). */
 #define LNORM__SPECTRUM_N 51
 
+/* CPU time of a group of threads of the same name (server processes). */
+#define LNORM__THREAD_KINDS 24
+typedef struct lnorm__thread_cpu {
+    char name[20];
+    int threads;
+    double us;
+} lnorm__thread_cpu;
+
+/* CPU time in microseconds of pid and its child processes (-1: unknown);
+ * with out, also by thread name (at most LNORM__THREAD_KINDS, *nout). */
+double lnorm__proc_cpu_snap(pid_t pid, lnorm__thread_cpu *out, int *nout);
+double lnorm__proc_cpu_us(pid_t pid); /* the same without the names */
+/* after -= before, name by name. */
+void lnorm__thread_cpu_diff(lnorm__thread_cpu *after, int nafter, const lnorm__thread_cpu *before, int nbefore);
+
+/* Longest URL, most URLs in a --url list. */
+#define LNORM__URL_MAX 512
+#define LNORM__URLS_MAX 64
+
+/* Split a comma-separated URL list into out; the count (0: none, or an
+ * entry too long, or more than LNORM__URLS_MAX). */
+int lnorm__urls_split(const char *list, char out[][LNORM__URL_MAX]);
+
 typedef struct lnorm__runcfg {
-    const char *url;
+    const char *url;        /* one URL or several, comma-separated: every
+                               socket dials them all (NNG spreads requests) */
     const char *label;      /* "lnormd" or "echo" */
     int target;             /* LNORM__TARGET_* */
     int driver;             /* LNORM__DRV_* */
@@ -92,6 +116,8 @@ typedef struct lnorm__runres {
     char loadavg[32];       /* /proc/loadavg (1, 5, 15 min) when the point began */
     uint64_t ok_all;        /* successful replies, warm-up included */
     double server_cpu_us, client_cpu_us; /* CPU over the run (both -1: unknown) */
+    lnorm__thread_cpu srv_threads[LNORM__THREAD_KINDS]; /* server CPU over the run by thread name */
+    int n_srv_threads;
     uint64_t lat_count;     /* latencies in the histogram (measured successes) */
     int procs;              /* load processes merged into this result (>= 1) */
     struct lnorm__runres *parts; /* procs > 1: each process's own result */
@@ -108,8 +134,6 @@ int lnorm__params_setup(const char *url, const lnorm__work *w, int drop, char *e
 /* Set (by a SIGINT handler) to end the current run early. */
 extern volatile sig_atomic_t lnorm__interrupted;
 
-/* CPU time (user + system) of process pid in microseconds, -1 if unknown. */
-double lnorm__proc_cpu_us(pid_t pid);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t lnorm__now_ns(void);

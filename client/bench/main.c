@@ -32,7 +32,8 @@ static const char usage[] =
     "queue/compute times. Every run stops by itself.\n"
     "\n"
     "Target\n"
-    "  --url URL              lnormd to load (default ipc:///tmp/lnormd.sock)\n"
+    "  --url URL[,URL...]     lnormd to load (default ipc:///tmp/lnormd.sock); several\n"
+    "                         (the workers of lnormd --workers): each socket dials all\n"
     "  --spawn PATH           start the lnormd at PATH on a private ipc path (or\n"
     "                         --spawn-listen URL), wait for its --ready-file, measure,\n"
     "                         stop it; arguments after `--` are passed to it\n"
@@ -150,7 +151,7 @@ static void git_commit(char *buf, size_t n)
 }
 
 /* Loopback or local transports only, unless --allow-remote. */
-static int url_is_local(const char *url)
+static int url_is_local1(const char *url)
 {
     if (!strncmp(url, "ipc://", 6) || !strncmp(url, "inproc://", 9))
         return 1;
@@ -164,6 +165,17 @@ static int url_is_local(const char *url)
     if (!h)
         return 0;
     return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
+}
+
+/* Every URL of a comma-separated list. */
+static int url_is_local(const char *list)
+{
+    char urls[LNORM__URLS_MAX][LNORM__URL_MAX];
+    int n = lnorm__urls_split(list, urls);
+    for (int i = 0; i < n; i++)
+        if (!url_is_local1(urls[i]))
+            return 0;
+    return n > 0;
 }
 
 static void on_sigint(int sig)
@@ -549,9 +561,10 @@ static int start_echo(const bench_opts *b, const char *url, lnorm__child *echod)
 {
     char eurl[300], err[512];
     const char *from = b->spawn && !b->echo_only && b->spawn_listen ? b->spawn_listen : url;
+    char first[LNORM__URLS_MAX][LNORM__URL_MAX]; /* the first URL of a list */
     if (b->echo_url) {
         snprintf(eurl, sizeof eurl, "%s", b->echo_url);
-    } else if (echo_url_for(from, eurl, sizeof eurl)) {
+    } else if (echo_url_for(lnorm__urls_split(from, first) ? first[0] : "", eurl, sizeof eurl)) {
         fprintf(stderr, "lnorm-bench: cannot derive an echo URL from %s; give --echo-url\n", url);
         return 1;
     }

@@ -293,12 +293,14 @@ int lnorm__multi_point(lnorm__multi *m, int server_pid, int ready_ms, int done_m
     char state[LNORM__PROCS_MAX] = {0}, early[LNORM__PROCS_MAX] = {0};
     char why[200] = "";
     double srv0 = -1, srv1 = -1;
+    lnorm__thread_cpu thr0[LNORM__THREAD_KINDS];
+    int nthr0 = 0;
     int failed = wait_states(m, state, 'R', ready_ms, 0, why, sizeof why);
     if (!failed) {
         int any_early = 0;
         for (int i = 0; i < m->n; i++)
             any_early |= early[i] = state[i] == 'D';
-        srv0 = server_pid > 0 ? lnorm__proc_cpu_us(server_pid) : -1;
+        srv0 = server_pid > 0 ? lnorm__proc_cpu_snap(server_pid, thr0, &nthr0) : -1;
         /* all together, or none when one could not start */
         char c = any_early ? 'Q' : 'G';
         for (int i = 0; i < m->n && !failed; i++) {
@@ -310,7 +312,10 @@ int lnorm__multi_point(lnorm__multi *m, int server_pid, int ready_ms, int done_m
     }
     if (!failed)
         failed = wait_states(m, state, 'D', done_ms, 1, why, sizeof why);
-    srv1 = server_pid > 0 ? lnorm__proc_cpu_us(server_pid) : -1;
+    lnorm__thread_cpu thr1[LNORM__THREAD_KINDS];
+    int nthr1 = 0;
+    srv1 = server_pid > 0 ? lnorm__proc_cpu_snap(server_pid, thr1, &nthr1) : -1;
+    lnorm__thread_cpu_diff(thr1, nthr1, thr0, nthr0);
     lnorm__runres *parts = failed ? NULL : calloc((size_t)m->n, sizeof *parts);
     lnorm__hist *h = failed ? NULL : lnorm__hist_new();
     lnorm__hist *sum = failed ? NULL : lnorm__hist_new();
@@ -340,6 +345,8 @@ int lnorm__multi_point(lnorm__multi *m, int server_pid, int ready_ms, int done_m
                 break;
             }
         }
+        memcpy(res->srv_threads, thr1, sizeof thr1);
+        res->n_srv_threads = nthr1;
         if (res->ok_all && srv0 >= 0 && srv1 >= srv0) {
             res->server_cpu_us = srv1 - srv0;
             res->server_cpu_us_per_req = res->server_cpu_us / (double)res->ok_all;

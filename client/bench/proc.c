@@ -46,12 +46,15 @@ int lnorm__child_wait_ready(lnorm__child *c, int timeout_ms, char *err, size_t e
         if (f) {
             char line[600];
             int found = 0;
+            size_t len = 0;
             while (fgets(line, sizeof line, f)) {
                 if (!strncmp(line, "listen ", 7)) {
                     line[strcspn(line, "\r\n")] = '\0';
-                    snprintf(c->url, sizeof c->url, "%.500s", line + 7);
+                    int m = snprintf(c->url + len, sizeof c->url - len, "%s%.500s", found ? "," : "", line + 7);
+                    if (m < 0 || (size_t)m >= sizeof c->url - len)
+                        break; /* the URLs that fit */
+                    len += (size_t)m;
                     found = 1;
-                    break;
                 }
             }
             fclose(f);

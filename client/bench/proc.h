@@ -11,14 +11,15 @@
 typedef struct lnorm__child {
     pid_t pid;
     char ready_path[256];
-    char url[512];      /* the first "listen" line of the ready file */
+    char url[4096];     /* the "listen" lines of the ready file, comma-separated
+                           (one per worker of lnormd --workers) */
 } lnorm__child;
 
 /* Start argv[0] with argv (NULL-terminated), the child dying with us.
  * Returns 0 or -1 (message in err). */
 int lnorm__child_start(lnorm__child *c, char *const argv[], char *err, size_t errlen);
 
-/* Wait up to timeout_ms for c->ready_path to exist with a "listen" line;
+/* Wait up to timeout_ms for c->ready_path to exist with "listen" lines;
  * fills c->url. Returns 0, or -1 if it timed out or the child exited. */
 int lnorm__child_wait_ready(lnorm__child *c, int timeout_ms, char *err, size_t errlen);
 

@@ -277,6 +277,18 @@ int lnorm__report_json(const lnorm__report *rp, const char *path)
         fprintf(f, "}, \"backlogged_sends\": %llu, \"loadavg_at_start\": ", (unsigned long long)r->backlogged);
         json_str(f, r->loadavg);
         fprintf(f, ", \"latency_count\": %llu", (unsigned long long)r->lat_count);
+        if (r->n_srv_threads) {
+            /* where the server's CPU went, by thread name (its workers included) */
+            fprintf(f, ",\n     \"server_threads\": [");
+            for (int k = 0; k < r->n_srv_threads; k++) {
+                fprintf(f, "%s{\"name\": ", k ? ", " : "");
+                json_str(f, r->srv_threads[k].name);
+                fprintf(f, ", \"threads\": %d, \"cpu_s\": ", r->srv_threads[k].threads);
+                json_num(f, r->srv_threads[k].us / 1e6);
+                fprintf(f, "}");
+            }
+            fprintf(f, "]");
+        }
         if (r->parts)
             json_parts(f, r);
         fprintf(f, "}");

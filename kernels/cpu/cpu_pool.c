@@ -96,6 +96,7 @@ int lnorm__pool_create(lnorm__pool **out, int nworkers)
             return LNORM_ENOMEM;
         }
         p->nworkers = i + 1;
+        pthread_setname_np(p->threads[i], "lnorm:cpu-pool");
     }
     *out = p;
     return LNORM_OK;
