@@ -93,6 +93,8 @@ bench() { # name, lnorm-bench args... [-- lnormd args]
   echo "($name: rc=$?)"
 }
 
+ONLY=${LNORM_SERVE_ONLY:-all} # procs: only the process-count sweep (about 4 minutes)
+if [ "$ONLY" = all ]; then
 scrape_start 17901 "$TMP/metrics-batched.txt"
 bench batched --concurrency 1,8,64 --echo -- --backend "$BE" --log-level info --http 127.0.0.1:17901
 scrape_stop
@@ -113,15 +115,32 @@ timeout 120 "$BIN/lnorm-bench" --spawn "$BIN/lnormd" --rows 8192 --hidden 4096 -
   --max-message-bytes 67108864
 echo "(large: rc=$?)"
 
+fi
 # By client process count: P load processes (--procs), 8 in flight each.
+# Modes: batched (with the echo server beside it), serial (reply-threads 0:
+# the completing thread sends every reply), unbatched (max-batch-rows 1),
+# cpu, and lnormd --workers 2 / 4 batched and unbatched. /metrics (stages)
+# is scraped at each batched point.
 PROCS=${LNORM_SERVE_PROCS:-1,4,8,16,32}
 for P in ${PROCS//,/ }; do
   c=$((P * 8))
-  bench "procs$P-batched" --procs "$P" --concurrency "$c" --driver raw --echo -- --backend "$BE"
+  scrape_start 17910 "$TMP/metrics-procs$P-batched.txt"
+  bench "procs$P-batched" --procs "$P" --concurrency "$c" --driver raw --echo -- --backend "$BE" --http 127.0.0.1:17910
+  scrape_stop
+  bench "procs$P-serial" --procs "$P" --concurrency "$c" --driver raw -- --backend "$BE" --reply-threads 0
   bench "procs$P-unbatched" --procs "$P" --concurrency "$c" --driver raw -- --backend "$BE" --max-batch-rows 1
   bench "procs$P-cpu" --procs "$P" --concurrency "$c" --driver raw -- --backend cpu
+  for W in 2 4; do
+    scrape_start 17920 "$TMP/metrics-procs$P-w$W-batched.txt"
+    bench "procs$P-w$W-batched" --procs "$P" --concurrency "$c" --driver raw -- --backend "$BE" --workers "$W" \
+      --http 127.0.0.1:17920
+    scrape_stop
+    bench "procs$P-w$W-unbatched" --procs "$P" --concurrency "$c" --driver raw -- --backend "$BE" --workers "$W" \
+      --max-batch-rows 1
+  done
 done
 
+if [ "$ONLY" = all ]; then
 phase pcie
 timeout 60 python3 - "$OUT/serve-pcie.json" <<'PY'
 import json, sys, time
@@ -146,6 +165,7 @@ print(res)
 json.dump({"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "pinned": res},
           open(sys.argv[1], "w"), indent=1)
 PY
+fi
 phase end
 kill $smi 2>/dev/null
 
@@ -153,6 +173,7 @@ kill $smi 2>/dev/null
 for f in "$TMP"/metrics-*.txt; do
   [ -f "$f" ] && { echo "#### $(basename "$f" .txt)"; cat "$f"; }
 done >"$OUT/serve-metrics.txt"
+if [ "$ONLY" = all ]; then
 python3 - "$TMP" "$OUT" "$COMMIT" <<'PY'
 import glob, json, os, sys, time
 tmp, out, commit = sys.argv[1:4]
@@ -272,6 +293,7 @@ summary = {
 json.dump(summary, open(os.path.join(out, "serve-summary.json"), "w"), indent=1)
 print(json.dumps({k: summary[k] for k in ("rows_per_s", "ratios", "target", "gpu_util_by_phase")}, indent=1))
 PY
+fi
 python3 - "$TMP" "$OUT" "$COMMIT" "$PROCS" "$BE" <<'PY'
 import glob, json, os, subprocess, sys, time
 tmp, out, commit, procs, be = sys.argv[1:6]
@@ -280,11 +302,29 @@ try:
                          text=True, timeout=20).stdout.strip().splitlines()[0]
 except Exception:
     gpu = "no GPU (backend %s)" % be
+def stages(path):
+    """Mean host time per event by stage, from the last /metrics scrape."""
+    try:
+        txt = open(path).read()
+    except Exception:
+        return None
+    sec, n = {}, {}
+    for line in txt.splitlines():
+        for key, dst in (("lnormd_stage_seconds_total{stage=", sec), ("lnormd_stage_events_total{stage=", n)):
+            if line.startswith(key):
+                name = line[len(key) + 1:].split('"')[0]
+                dst[name] = float(line.split()[-1])
+    return {k: {"events": n.get(k, 0), "mean_us": round(sec[k] / n[k] * 1e6, 2) if n.get(k) else None} for k in sec}
 rows = []
 for p in procs.split(","):
     for mode, target, name in (("batched", "lnormd", "lnormd_%s_batching_on" % be),
+                               ("serial", "lnormd", "lnormd_%s_batching_on_reply_threads_0" % be),
                                ("unbatched", "lnormd", "lnormd_%s_max_batch_rows_1" % be),
                                ("cpu", "lnormd", "lnormd_cpu_backend"),
+                               ("w2-batched", "lnormd", "lnormd_%s_workers_2_batching_on" % be),
+                               ("w2-unbatched", "lnormd", "lnormd_%s_workers_2_max_batch_rows_1" % be),
+                               ("w4-batched", "lnormd", "lnormd_%s_workers_4_batching_on" % be),
+                               ("w4-unbatched", "lnormd", "lnormd_%s_workers_4_max_batch_rows_1" % be),
                                ("batched", "echo", "nng_echo_rep0_1024_contexts")):
         f = os.path.join(tmp, "procs%s-%s.json" % (p, mode))
         try:
@@ -310,7 +350,10 @@ for p in procs.split(","):
                     "batch_requests_mean": r["server"]["batch_requests_mean"],
                     "verified": r["verify"]["checked"], "mismatches": r["verify"]["mismatches"],
                     "per_process_requests_per_s": [q.get("requests_per_s") for q in r.get("per_process", [])],
+                    "server_threads_cpu_s": {t["name"]: round(t["cpu_s"], 3) for t in r.get("server_threads", [])},
                 })
+            if target == "lnormd":
+                row["stages"] = stages(os.path.join(tmp, "metrics-procs%s-%s.txt" % (p, mode)))
             rows.append(row)
 res = {
     "what": "lnormd serving 1 x 4096 bf16 LayerNorm requests over ipc on one host, by client process count, "
