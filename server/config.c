@@ -93,9 +93,10 @@ static const lnorm__key lnorm__keys[] = {
     {"max-queue-wait-us", K_U64, O(max_queue_wait_us), 0, 3600000000ull, "0",
      "longest a Normalize request may wait in the queue, for one that gives no max_queue_us; then "
      "DEADLINE_EXCEEDED, never computed (0: no limit)"},
-    {"reply-threads", K_U64, O(reply_threads), 0, 256, "4",
+    {"reply-threads", K_U64, O(reply_threads), 0, 256, "16",
      "threads that encode and send the replies of a finished batch (0: the thread that finished it, "
-     "one reply after another)"},
+     "one reply after another). Each send waits for NNG's socket lock: 4 held lnormd near 31k req/s "
+     "on a 16-core host, 16 near the echo server's 51k"},
     {"max-message-bytes", K_U64, O(max_message_bytes), 1024, 1ull << 31, "67108864",
      "largest request accepted (RESOURCE_EXHAUSTED above; the NNG receive limit is this plus 1 MiB, "
      "larger messages are dropped by NNG)"},
