@@ -2,6 +2,7 @@
  * Integration tests of lnormd: test_server LNORMD TEST. Each TEST starts its
  * own daemon(s) on private addresses and stops them; a watchdog bounds it.
  */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -988,6 +989,83 @@ static void test_deploy_conf(td_daemon *none, lnorm_rng *g)
         td_stop_check(&d, "with every documented default, on SIGTERM");
 }
 
+/* --workers 2: both workers listen (ipc PATH and PATH.1) and answer; a
+ * worker killed with SIGKILL is started again by the supervisor and
+ * serves; SIGTERM (main) drains both and the supervisor exits 0. */
+static const char *const workers_args[] = {"--workers", "2", "--backend", "cpu", NULL};
+
+/* The processes whose parent is pid (at most max). */
+static int children_of(pid_t pid, pid_t *out, int max)
+{
+    int n = 0;
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    while (dir && (e = readdir(dir)) && n < max) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%.20s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *p = strrchr(buf, ')');
+        int ppid;
+        if (p && sscanf(p + 2, "%*c %d", &ppid) == 1 && ppid == (int)pid)
+            out[n++] = (pid_t)atoi(e->d_name);
+    }
+    if (dir)
+        closedir(dir);
+    return n;
+}
+
+/* A valid round trip on url, dialing again for up to 10 s while it is not
+ * listening yet. */
+static void workers_roundtrip(const char *url, lnorm_rng *g, const char *after)
+{
+    nng_socket s;
+    int rv = -1;
+    for (int i = 0; i < 200 && (rv = ts_dial(&s, url)) != 0; i++)
+        td_sleep_ms(50);
+    CHECK(rv == 0, "%s: cannot dial %s", after, url);
+    if (rv != 0)
+        return;
+    valid_roundtrip(s, g, after);
+    nng_close(s);
+}
+
+static void test_workers(td_daemon *d, lnorm_rng *g)
+{
+    char ipc1[340];
+    snprintf(ipc1, sizeof ipc1, "%s.1", d->ipc_url);
+    int has1 = 0;
+    for (int i = 0; i < d->nlisten; i++)
+        has1 |= !strcmp(d->listen[i], ipc1);
+    CHECK(d->nlisten == 4 && has1, "ready file: %d listen lines, %s %s (want ipc and tcp of 2 workers)", d->nlisten,
+          ipc1, has1 ? "listed" : "missing");
+    workers_roundtrip(d->ipc_url, g, "worker 0");
+    workers_roundtrip(ipc1, g, "worker 1");
+    pid_t kids[8];
+    int n = children_of(d->pid, kids, 8);
+    CHECK_EQ_INT(n, 2, "worker processes under the supervisor");
+    if (n < 1)
+        return;
+    kill(kids[0], SIGKILL);
+    int back = 0;
+    for (int i = 0; i < 200 && !back; i++) {
+        td_sleep_ms(50);
+        pid_t now[8];
+        int m = children_of(d->pid, now, 8);
+        for (int k = 0; k < m; k++)
+            back |= m == 2 && now[k] != kids[0] && (n < 2 || now[k] != kids[1]);
+    }
+    CHECK(back, "the killed worker was not started again within 10 s");
+    workers_roundtrip(d->ipc_url, g, "a worker restarted");
+    workers_roundtrip(ipc1, g, "a worker restarted");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4)
@@ -1023,6 +1101,7 @@ int main(int argc, char **argv)
         {"config", test_config, NULL, 0, 0},
         {"tls", test_tls, NULL, 0, 29},
         {"deploy_conf", test_deploy_conf, NULL, 0, 0},
+        {"workers", test_workers, workers_args, 1, 43},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (strcmp(argv[2], tests[i].name))
