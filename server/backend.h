@@ -35,6 +35,8 @@ struct lnorm__job {
      * compute_ns is the time the backend spent on it. */
     void (*done)(lnorm__job *job, int err, const char *why, uint64_t compute_ns);
     void *arg;           /* the batcher's */
+    int on_device;       /* 0: host pointers; 1: every pointer is memory of GPU `device` */
+    int device;
 };
 
 /* A device a backend computes on, for the Info reply and /metrics. */
@@ -78,6 +80,10 @@ enum {
      * row is written by one thread while another reads it. The daemon then
      * computes y over x in the request message and replies in it. */
     LNORM__BACKEND_CAP_IN_PLACE = 1u << 2,
+    /* A job may hold DEVICE segments (lnorm__job.on_device set): every
+     * pointer of every segment is device memory of GPU job->device, and
+     * the job is computed there without any copy. */
+    LNORM__BACKEND_CAP_DEVICE_SEGMENTS = 1u << 3,
 };
 
 /* The operations every backend implements. */
@@ -102,6 +108,18 @@ typedef struct lnorm__backend_ops {
     /* Optional: one line describing the backend's settings (for the log);
      * writes at most n bytes, NUL-terminated. */
     void (*describe)(lnorm__backend *be, char *buf, size_t n);
+    /* Optional: pin n bytes of host memory at p (a client's shared region)
+     * so that segments in it are copied by DMA; LNORM_OK or an error (the
+     * memory is then used as it is). host_unregister undoes it, called
+     * only when no job uses the memory. */
+    int (*host_register)(lnorm__backend *be, void *p, size_t n);
+    void (*host_unregister)(lnorm__backend *be, void *p);
+    /* Optional, with LNORM__BACKEND_CAP_DEVICE_SEGMENTS: open a CUDA IPC
+     * memory handle of a client's allocation of at least bytes on GPU
+     * device; *p is its device pointer. LNORM_OK or an error with why. */
+    int (*ipc_open)(lnorm__backend *be, const void *handle, size_t len, uint32_t device, uint64_t bytes, void **p,
+                    char *why, size_t n);
+    void (*ipc_close)(lnorm__backend *be, void *p);
 } lnorm__backend_ops;
 
 /* Base of every backend object: a backend's struct starts with this. */

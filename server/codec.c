@@ -8,6 +8,7 @@
 
 #include "codec.h"
 #include "lnorm/errors.h"
+#include "lnorm/ring.h"
 #include "lnorm_scan.h"
 #include "lnorm_wire.h"
 
@@ -73,6 +74,35 @@ static uint64_t lnorm__max_hidden(const lnorm__limits *lim)
     return lim->max_hidden < LNORM_CORE_MAX_HIDDEN ? lim->max_hidden : LNORM_CORE_MAX_HIDDEN;
 }
 
+/* Record tensor t given by reference: bytes must be want, the offset
+ * aligned to align. */
+static int lnorm__take_ref(lnorm__decoded *d, int t, const char *what, uint64_t region, uint64_t offset,
+                           uint64_t bytes, size_t want, size_t align, char *err, size_t errlen)
+{
+    if (!region)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s.region: 0 is not a region id", what);
+    if (bytes != want)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s.bytes: %llu, but the shape and dtype give %zu", what,
+                           (unsigned long long)bytes, want);
+    if (offset % align)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s.offset: %llu is not a multiple of %zu (the element size)",
+                           what, (unsigned long long)offset, align);
+    lnorm__tref *r = &d->ref[t];
+    r->set = 1;
+    r->region = region;
+    r->offset = offset;
+    r->bytes = bytes;
+    r->align = align;
+    d->nrefs++;
+    return LNORM_OK;
+}
+
+static int lnorm__msg_ref(lnorm__decoded *d, int t, const char *what, const Lnorm__V1__ShmRef *r, size_t want,
+                          size_t align, char *err, size_t errlen)
+{
+    return lnorm__take_ref(d, t, what, r->region, r->offset, r->bytes, want, align, err, errlen);
+}
+
 static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const lnorm__limits *lim,
                                   lnorm__decoded *d, char *err, size_t errlen)
 {
@@ -106,36 +136,76 @@ static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const ln
     size_t xbytes = lnorm__mul(elems, lnorm_dtype_size(n->x_dtype), &ovf);
     size_t ybytes = lnorm__mul(elems, lnorm_dtype_size(ydt), &ovf);
     size_t sbytes = lnorm__mul(n->rows, 4, &ovf);
-    if (ovf || xbytes > lim->max_message_bytes)
+    /* A tensor in shared memory is not bounded by the message size. */
+    if (ovf || (!n->x_ref && xbytes > lim->max_message_bytes))
         return lnorm__fail(err, errlen, LNORM_ELIMIT,
                            "normalize.rows x hidden: %llu x %llu %s elements exceed max-message-bytes",
                            (unsigned long long)n->rows, (unsigned long long)n->hidden, lnorm_dtype_name(n->x_dtype));
-    if (n->x.len != xbytes)
+    size_t xs = lnorm_dtype_size(n->x_dtype), ys = lnorm_dtype_size(ydt);
+    int rc;
+    if (n->x_ref) {
+        if (n->x.len)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.x: inline bytes and x_ref are exclusive");
+        if ((rc = lnorm__msg_ref(d, LNORM__T_X, "normalize.x_ref", n->x_ref, xbytes, xs, err, errlen)))
+            return rc;
+    } else if (n->x.len != xbytes) {
         return lnorm__fail(err, errlen, LNORM_EINVAL,
                            "normalize.x: %zu bytes, but rows x hidden x %s = %llu x %llu x %zu = %zu",
                            n->x.len, lnorm_dtype_name(n->x_dtype), (unsigned long long)n->rows,
                            (unsigned long long)n->hidden, lnorm_dtype_size(n->x_dtype), xbytes);
+    }
     if (n->residual.len != 0 && n->residual.len != xbytes)
         return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.residual: %zu bytes, expected 0 or %zu (the shape and dtype of x)",
                            n->residual.len, xbytes);
+    if (n->residual_ref) {
+        if (n->residual.len)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.residual: inline bytes and residual_ref are exclusive");
+        if ((rc = lnorm__msg_ref(d, LNORM__T_RESIDUAL, "normalize.residual_ref", n->residual_ref, xbytes, xs, err, errlen)))
+            return rc;
+    }
+    int has_res = n->residual.len || n->residual_ref;
+    if (n->y_ref && (rc = lnorm__msg_ref(d, LNORM__T_Y, "normalize.y_ref", n->y_ref, ybytes, ys, err, errlen)))
+        return rc;
+    if (n->residual_out_ref) {
+        if (!has_res)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.residual_out_ref: given without a residual");
+        if ((rc = lnorm__msg_ref(d, LNORM__T_RES_OUT, "normalize.residual_out_ref", n->residual_out_ref, xbytes, xs,
+                                 err, errlen)))
+            return rc;
+    }
+    if (n->mean_ref) {
+        if (!(n->want_stats && n->op == LNORM__V1__OP__OP_LAYER_NORM))
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.mean_ref: given without want_stats on a LayerNorm");
+        if ((rc = lnorm__msg_ref(d, LNORM__T_MEAN, "normalize.mean_ref", n->mean_ref, sbytes, 4, err, errlen)))
+            return rc;
+    }
+    if (n->rstd_ref) {
+        if (!n->want_stats)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.rstd_ref: given without want_stats");
+        if ((rc = lnorm__msg_ref(d, LNORM__T_RSTD, "normalize.rstd_ref", n->rstd_ref, sbytes, 4, err, errlen)))
+            return rc;
+    }
 
     lnorm_segment *s = &d->seg;
     lnorm_segment_init(s, (lnorm_op)n->op, (lnorm_dtype)n->x_dtype, (int64_t)n->rows, (int64_t)n->hidden);
     s->y_dtype = ydt;
     s->eps = eps;
     s->eps_mode = (int32_t)n->eps_mode;
-    s->x = n->x.data;
-    d->in_bytes = xbytes;
-    if (n->residual.len) {
-        s->residual = n->residual.data;
+    s->x = n->x_ref ? NULL : n->x.data;
+    d->in_bytes = n->x_ref ? 0 : xbytes;
+    if (has_res) {
+        s->residual = n->residual.len ? n->residual.data : NULL;
         d->res_out_bytes = xbytes;
-        d->in_bytes += xbytes;
+        d->in_bytes += n->residual.len;
     }
+    d->priority = n->priority;
+    d->max_queue_us = n->max_queue_us;
     const Lnorm__V1__Affine *a = n->affine;
     if (a) {
         int has_id = a->params_id && a->params_id[0];
         if (has_id) {
-            if (a->gamma.len || a->beta.len || a->dtype != LNORM__V1__DTYPE__DTYPE_UNSPECIFIED)
+            if (a->gamma.len || a->beta.len || a->gamma_ref || a->beta_ref ||
+                a->dtype != LNORM__V1__DTYPE__DTYPE_UNSPECIFIED)
                 return lnorm__fail(err, errlen, LNORM_EINVAL,
                                    "normalize.affine: params_id and inline gamma/beta/dtype are exclusive");
             if (!lnorm__codec_params_id_ok(a->params_id))
@@ -154,6 +224,20 @@ static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const ln
             if (a->beta.len != 0 && a->beta.len != pbytes)
                 return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.affine.beta: %zu bytes, expected 0 or hidden x %s = %zu",
                                    a->beta.len, lnorm_dtype_name(pdt), pbytes);
+            if (a->gamma_ref) {
+                if (a->gamma.len)
+                    return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.affine.gamma: inline bytes and gamma_ref are exclusive");
+                if ((rc = lnorm__msg_ref(d, LNORM__T_GAMMA, "normalize.affine.gamma_ref", a->gamma_ref, pbytes,
+                                         lnorm_dtype_size(pdt), err, errlen)))
+                    return rc;
+            }
+            if (a->beta_ref) {
+                if (a->beta.len)
+                    return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.affine.beta: inline bytes and beta_ref are exclusive");
+                if ((rc = lnorm__msg_ref(d, LNORM__T_BETA, "normalize.affine.beta_ref", a->beta_ref, pbytes,
+                                         lnorm_dtype_size(pdt), err, errlen)))
+                    return rc;
+            }
             s->param_dtype = pdt;
             s->gamma = a->gamma.len ? a->gamma.data : NULL;
             s->beta = a->beta.len ? a->beta.data : NULL;
@@ -164,6 +248,106 @@ static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const ln
     d->stat_bytes = sbytes;
     d->want_rstd = n->want_stats ? 1 : 0;
     d->want_mean = n->want_stats && n->op == LNORM__V1__OP__OP_LAYER_NORM;
+    return LNORM_OK;
+}
+
+/* ---- ring descriptors ------------------------------------------------------ */
+
+int lnorm__codec_decode_sqe(const lnorm_ring_sqe *q, uint64_t region, const lnorm__limits *lim,
+                            lnorm__decoded *d, char *err, size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    if (err && errlen)
+        err[0] = 0;
+    d->request_id = q->tag;
+    d->deadline_us = q->deadline_us;
+    d->kind = LNORM__REQ_NORMALIZE;
+    if (q->op != LNORM_OP_LAYERNORM && q->op != LNORM_OP_RMSNORM)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.op: %d is not LAYERNORM or RMSNORM", (int)q->op);
+    if (!lnorm__dtype_ok(q->x_dtype))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.x_dtype: %d is not F32, F16 or BF16", (int)q->x_dtype);
+    int ydt = q->y_dtype ? (int)q->y_dtype : (int)q->x_dtype;
+    if (!lnorm__dtype_ok(ydt))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.y_dtype: unknown dtype %d", (int)q->y_dtype);
+    int pdt = q->param_dtype ? (int)q->param_dtype : (int)q->x_dtype;
+    if (pdt != LNORM_DTYPE_F32 && pdt != (int)q->x_dtype)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.param_dtype: %d must be F32 or x_dtype", (int)q->param_dtype);
+    if (q->eps_mode != LNORM_EPS_INSIDE && q->eps_mode != LNORM_EPS_OUTSIDE)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.eps_mode: unknown value %d", (int)q->eps_mode);
+    if (q->want_stats > 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.want_stats: %d is not 0 or 1", (int)q->want_stats);
+    float eps = q->eps;
+    if (eps == 0.0f)
+        eps = LNORM_DEFAULT_EPS;
+    if (!isfinite(eps) || !(eps > 0.0f))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.eps: %g is not finite and > 0", (double)eps);
+    if (q->reserved0 || q->reserved1 || q->reserved2)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.reserved: must be 0");
+    if (q->rows < 1 || q->hidden < 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.rows, sqe.hidden: must be >= 1");
+    if (q->rows > lim->max_rows)
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "sqe.rows: %llu exceeds max-rows %llu",
+                           (unsigned long long)q->rows, (unsigned long long)lim->max_rows);
+    if (q->hidden > lnorm__max_hidden(lim))
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "sqe.hidden: %llu exceeds max-hidden %llu",
+                           (unsigned long long)q->hidden, (unsigned long long)lnorm__max_hidden(lim));
+    int ovf = 0;
+    size_t elems = lnorm__mul(q->rows, q->hidden, &ovf);
+    size_t xs = lnorm_dtype_size(q->x_dtype), ys = lnorm_dtype_size(ydt), ps = lnorm_dtype_size(pdt);
+    size_t xbytes = lnorm__mul(elems, xs, &ovf);
+    size_t ybytes = lnorm__mul(elems, ys, &ovf);
+    size_t sbytes = lnorm__mul(q->rows, 4, &ovf);
+    size_t pbytes = lnorm__mul(q->hidden, ps, &ovf);
+    if (ovf)
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "sqe.rows x hidden: too large");
+    int want_mean = q->want_stats && q->op == LNORM_OP_LAYERNORM, want_rstd = q->want_stats;
+    int rc;
+    if (q->x == LNORM_RING_NONE || q->y == LNORM_RING_NONE)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.x, sqe.y: both are required");
+    if ((rc = lnorm__take_ref(d, LNORM__T_X, "sqe.x", region, q->x, xbytes, xbytes, xs, err, errlen)) ||
+        (rc = lnorm__take_ref(d, LNORM__T_Y, "sqe.y", region, q->y, ybytes, ybytes, ys, err, errlen)))
+        return rc;
+    if (q->residual != LNORM_RING_NONE &&
+        (rc = lnorm__take_ref(d, LNORM__T_RESIDUAL, "sqe.residual", region, q->residual, xbytes, xbytes, xs, err, errlen)))
+        return rc;
+    if ((q->residual_out != LNORM_RING_NONE) != (q->residual != LNORM_RING_NONE))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.residual, sqe.residual_out: one given without the other");
+    if (q->residual_out != LNORM_RING_NONE) {
+        if ((rc = lnorm__take_ref(d, LNORM__T_RES_OUT, "sqe.residual_out", region, q->residual_out, xbytes, xbytes, xs,
+                                  err, errlen)))
+            return rc;
+    }
+    if (q->mean != LNORM_RING_NONE) {
+        if (!want_mean)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.mean: given without want_stats on a LayerNorm");
+        if ((rc = lnorm__take_ref(d, LNORM__T_MEAN, "sqe.mean", region, q->mean, sbytes, sbytes, 4, err, errlen)))
+            return rc;
+    }
+    if (q->rstd != LNORM_RING_NONE) {
+        if (!want_rstd)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.rstd: given without want_stats");
+        if ((rc = lnorm__take_ref(d, LNORM__T_RSTD, "sqe.rstd", region, q->rstd, sbytes, sbytes, 4, err, errlen)))
+            return rc;
+    }
+    if (q->gamma != LNORM_RING_NONE &&
+        (rc = lnorm__take_ref(d, LNORM__T_GAMMA, "sqe.gamma", region, q->gamma, pbytes, pbytes, ps, err, errlen)))
+        return rc;
+    if (q->beta != LNORM_RING_NONE &&
+        (rc = lnorm__take_ref(d, LNORM__T_BETA, "sqe.beta", region, q->beta, pbytes, pbytes, ps, err, errlen)))
+        return rc;
+    lnorm_segment *s = &d->seg;
+    lnorm_segment_init(s, (lnorm_op)q->op, (lnorm_dtype)q->x_dtype, (int64_t)q->rows, (int64_t)q->hidden);
+    s->y_dtype = ydt;
+    s->param_dtype = pdt;
+    s->eps = eps;
+    s->eps_mode = (int32_t)q->eps_mode;
+    d->res_out_bytes = q->residual != LNORM_RING_NONE ? xbytes : 0;
+    d->y_bytes = ybytes;
+    d->stat_bytes = sbytes;
+    d->want_mean = want_mean;
+    d->want_rstd = want_rstd;
+    d->priority = q->priority;
+    d->max_queue_us = q->max_queue_us;
     return LNORM_OK;
 }
 
@@ -401,7 +585,34 @@ static int lnorm__decode(const uint8_t *buf, size_t len, const lnorm__limits *li
         return LNORM_OK;
     case LNORM__V1__REQUEST__BODY_HEALTH:
     case LNORM__V1__REQUEST__BODY_INFO:
+    case LNORM__V1__REQUEST__BODY_REGION_STATUS:
         return LNORM_OK;
+    case LNORM__V1__REQUEST__BODY_REGISTER_REGION: {
+        const Lnorm__V1__RegisterRegionRequest *r = m->register_region;
+        if (r->bytes < 1)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "register_region.bytes: must be >= 1");
+        if (r->cuda_ipc_handle.len != 0 && r->cuda_ipc_handle.len != 64)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "register_region.cuda_ipc_handle: %zu bytes, expected 64",
+                               r->cuda_ipc_handle.len);
+        return LNORM_OK;
+    }
+    case LNORM__V1__REQUEST__BODY_UNREGISTER_REGION:
+        if (!m->unregister_region->region)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "unregister_region.region: 0 is not a region id");
+        return LNORM_OK;
+    case LNORM__V1__REQUEST__BODY_ATTACH_RING: {
+        const Lnorm__V1__AttachRingRequest *a = m->attach_ring;
+        uint32_t e = a->entries;
+        if (e < LNORM_RING_MIN_ENTRIES || e > LNORM_RING_MAX_ENTRIES || (e & (e - 1)))
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "attach_ring.entries: %u is not a power of two in %u..%u", e,
+                               LNORM_RING_MIN_ENTRIES, LNORM_RING_MAX_ENTRIES);
+        if (a->offset % 64)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "attach_ring.offset: %llu is not a multiple of 64",
+                               (unsigned long long)a->offset);
+        if (!a->region)
+            return lnorm__fail(err, errlen, LNORM_EINVAL, "attach_ring.region: 0 is not a region id");
+        return LNORM_OK;
+    }
     default:
         out->kind = LNORM__REQ_NONE;
         return lnorm__fail(err, errlen, LNORM_EINVAL, "body: no request body set (or an unknown one)");

@@ -46,6 +46,20 @@ enum {
     LNORM__REQ_INFO = LNORM__V1__REQUEST__BODY_INFO
 };
 
+/* Tensors of a Normalize request that may be given by reference (ShmRef,
+ * or an offset in a ring descriptor): lnorm__decoded.ref[] */
+enum {
+    LNORM__T_X, LNORM__T_RESIDUAL, LNORM__T_Y, LNORM__T_MEAN, LNORM__T_RSTD, LNORM__T_RES_OUT,
+    LNORM__T_GAMMA, LNORM__T_BETA, LNORM__T_N
+};
+
+/* A tensor by reference, checked against the shape (bytes) and aligned to
+ * its element (align); resolved against the client's region by dispatch. */
+typedef struct lnorm__tref {
+    int set;
+    uint64_t region, offset, bytes, align;
+} lnorm__tref;
+
 /* A decoded, validated request. */
 typedef struct lnorm__decoded {
     Lnorm__V1__Request *msg;       /* owned (NULL when unpacking failed) */
@@ -61,7 +75,11 @@ typedef struct lnorm__decoded {
     size_t y_bytes;                /* rows * hidden * size(y_dtype) */
     size_t res_out_bytes;          /* 0 without residual */
     size_t stat_bytes;             /* rows * 4 */
-    size_t in_bytes;               /* x + residual + inline params */
+    size_t in_bytes;               /* x + residual + inline params (inline ones only) */
+    unsigned priority;             /* as asked (0: the server's default) */
+    uint64_t max_queue_us;         /* as asked (0: the server's) */
+    lnorm__tref ref[LNORM__T_N];   /* tensors by reference (their seg pointers NULL) */
+    int nrefs;
     /* Borrowing decode only (lnorm__codec_decode_request_borrow): which of
      * x and residual of msg->normalize point into the caller's buffer (not
      * into memory of msg: they are detached before msg is freed). */
@@ -115,6 +133,16 @@ int lnorm__codec_decode_request_borrow(const uint8_t *buf, size_t len, const lno
  */
 int lnorm__codec_pack_y_in_place(nng_msg *msg, const void *y, size_t y_len, uint64_t request_id,
                                  const Lnorm__V1__Timings *t);
+
+/*
+ * Decode and validate a ring descriptor (include/lnorm/ring.h), already
+ * copied out of the ring, whose tensors are all offsets into region: the
+ * same checks as a Normalize message with every tensor by reference (x and
+ * y required). out->msg stays NULL; request_id is the descriptor's tag.
+ */
+struct lnorm_ring_sqe;
+int lnorm__codec_decode_sqe(const struct lnorm_ring_sqe *sqe, uint64_t region, const lnorm__limits *lim,
+                            lnorm__decoded *out, char *errbuf, size_t errlen);
 
 /* Validate a RegisterParams body (kind LNORM__REQ_REGISTER). */
 int lnorm__codec_check_register(const Lnorm__V1__RegisterParamsRequest *r, const lnorm__limits *lim,

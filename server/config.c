@@ -109,6 +109,13 @@ static const lnorm__key lnorm__keys[] = {
     {"workers", K_U64, O(workers), 1, 64, "1",
      "lnormd processes, each with its own NNG and addresses, sharing the GPUs (worker i: ipc PATH.i, tcp "
      "PORT+i, http PORT+i); clients dial them all. One NNG process serves some 50k messages/s"},
+    {"allow-shm", K_BOOL, O(allow_shm), 0, 0, "false",
+     "accept shared-memory regions and submission rings from local clients over ipc:// (docs/shm.md); only "
+     "from lnormd's own uid and those of shm-uids"},
+    {"shm-uids", K_STR, O(shm_uids), 0, 0, "", "comma-separated uids besides lnormd's own that may use shared memory"},
+    {"shm-max-regions", K_U64, O(shm_max_regions), 1, 1024, "16", "shared-memory regions per client process"},
+    {"shm-max-bytes", K_U64, O(shm_max_bytes), 4096, 1ull << 44, "68719476736",
+     "bytes of shared-memory regions per client process (each is mapped into lnormd and pinned for the GPU)"},
     {"contexts", K_U64, O(contexts), 1, 65536, "1024", "NNG contexts: requests received and served at once (beyond them NNG applies back-pressure)"},
     {"send-timeout-ms", K_U64, O(send_timeout_ms), 1, 3600000, "10000",
      "a reply not taken by its client within this time is dropped (frees the context)"},
@@ -303,6 +310,34 @@ bad:
     return -1;
 }
 
+/* shm-uids: "U1,U2,..." into cfg->shm_uid (at most 16). */
+static int lnorm__uid_list(lnorm__config *cfg, char *err, size_t errlen)
+{
+    cfg->nshm_uids = 0;
+    for (const char *p = cfg->shm_uids; *p;) {
+        while (*p == ' ')
+            p++;
+        if (*p < '0' || *p > '9')
+            goto bad;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v > 0xffffffffull || cfg->nshm_uids >= 16)
+            goto bad;
+        cfg->shm_uid[cfg->nshm_uids++] = v;
+        for (p = end; *p == ' '; p++)
+            ;
+        if (*p == ',' && p[1])
+            p++;
+        else if (*p)
+            goto bad;
+    }
+    return 0;
+bad:
+    snprintf(err, errlen, "shm-uids: '%s' is not a comma-separated list of at most 16 uids", cfg->shm_uids);
+    return -1;
+}
+
 int lnorm__config_reload(int argc, char **argv, lnorm__config *out, char *errbuf, size_t errlen)
 {
     int rc = lnorm__config_from_args(out, argc, argv, errbuf, errlen);
@@ -384,7 +419,7 @@ int lnorm__config_from_args(lnorm__config *cfg, int argc, char **argv, char *err
                  (unsigned long long)cfg->default_priority, (unsigned long long)cfg->priority_levels);
         return -1;
     }
-    if (lnorm__priority_list(cfg, err, errlen) != 0)
+    if (lnorm__priority_list(cfg, err, errlen) != 0 || lnorm__uid_list(cfg, err, errlen) != 0)
         return -1;
     if ((cfg->tls_cert[0] != 0) != (cfg->tls_key[0] != 0)) {
         snprintf(err, errlen, "tls-cert and tls-key go together");

@@ -46,6 +46,12 @@ typedef struct lnorm__config {
     uint64_t max_params_bytes;
     uint64_t max_inflight_bytes;
     uint64_t contexts;
+    bool allow_shm;
+    char shm_uids[LNORM__STR_MAX];
+    uint64_t shm_uid[16];    /* parsed from the list */
+    int nshm_uids;
+    uint64_t shm_max_regions;
+    uint64_t shm_max_bytes;
     uint64_t workers;
     uint64_t drain_timeout_ms;
     uint64_t send_timeout_ms;

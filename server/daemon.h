@@ -12,6 +12,8 @@
 #include "config.h"
 #include "http.h"
 #include "params.h"
+#include "regions.h"
+#include "ring.h"
 #include "stats.h"
 #include "transport.h"
 
@@ -30,6 +32,8 @@ typedef struct lnorm__daemon {
     ProtobufCAllocator *pb_allocp; /* NULL: protobuf-c's default */
     lnorm__batcher *batcher;
     lnorm__params *params;
+    lnorm__regions *regions;       /* clients' shared memory (allow-shm) */
+    lnorm__rings *rings;           /* their submission rings' poller */
     lnorm__transport *tp;
     lnorm__http *http;
     lnorm__stats stats;
@@ -44,6 +48,8 @@ typedef struct lnorm__daemon {
 void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg);
 /* The batcher's finish handler (dispatch.c). */
 void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t);
+/* The ring poller's handler (dispatch.c). */
+void lnorm__dispatch_ring(void *arg, lnorm__ring *ring, const lnorm_ring_sqe *sqe, uint64_t recv_ns);
 /* Set how payloads are allocated from the backend's caps (dispatch.c).
  * LNORM_EINTERNAL: the backend states a cap it does not implement. */
 int lnorm__dispatch_init_alloc(lnorm__daemon *d);

@@ -8,6 +8,8 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "ring.h"
+#include "shm.h"
 
 static void *lnorm__pb_alloc(void *data, size_t n)
 {
@@ -96,6 +98,7 @@ static void lnorm__reply_body(lnorm__daemon *d, void *slot, Lnorm__V1__Response 
 
 static void lnorm__req_free(lnorm__daemon *d, lnorm__req *r)
 {
+    lnorm__shm_release(r);
     if (r->reserved)
         atomic_fetch_sub(&d->stats.inflight_bytes, (int_fast64_t)r->reserved);
     lnorm__obuf_free(d, r->y);
@@ -144,6 +147,10 @@ static void lnorm__do_info(lnorm__daemon *d, void *slot, uint64_t id)
     lim.max_queue_requests = bo.max_queue;
     lim.max_params_bytes = d->cfg.max_params_bytes;
     lim.max_inflight_bytes = d->cfg.max_inflight_bytes;
+    lnorm__peer peer;
+    char why[160];
+    lnorm__transport_peer(slot, &peer);
+    lim.shm = lnorm__regions_allowed(d->regions, &peer, why, sizeof why) == LNORM_OK;
     info.limits = &lim;
     r.request_id = id;
     r.body_case = LNORM__V1__RESPONSE__BODY_INFO;
@@ -164,15 +171,249 @@ static int lnorm__can_run_in_place(const lnorm__daemon *d, const lnorm__decoded 
     const lnorm_segment *s = &dec->seg;
     size_t xs = lnorm_dtype_size(s->x_dtype);
     return (d->be->ops->caps & LNORM__BACKEND_CAP_IN_PLACE) && (dec->borrowed & LNORM__BORROWED_X) && dec->src &&
+           !dec->nrefs &&
            !dec->want_mean && !dec->want_rstd && !dec->res_out_bytes && !s->residual &&
            lnorm_dtype_size(s->y_dtype) == xs && xs && ((uintptr_t)s->x % xs) == 0;
 }
 
-/* Normalize: resolve params, allocate outputs, queue. Takes dec (and
- * dec->src, the message it may borrow from). */
-static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *dec, uint64_t recv_ns)
+/* A request answered before it was queued: its error goes back the way
+ * it came (reply on its slot, or completion on its ring). */
+static void lnorm__req_fail(lnorm__daemon *d, lnorm__req *r, int rc, const char *why)
+{
+    uint64_t id = r->dec.request_id;
+    void *slot = r->slot;
+    lnorm__ring *ring = r->ring;
+    r->ring = NULL;
+    if (ring) {
+        LOG_DEBUG("ring request %llu: %s: %s", (unsigned long long)id, lnorm_errname(rc), why);
+        lnorm__req_free(d, r);
+        lnorm__stats_reply(&d->stats, lnorm_err_to_status(rc));
+        atomic_fetch_sub(&d->stats.inflight, 1);
+        lnorm__ring_complete(ring, id, rc, why, NULL);
+        return;
+    }
+    nng_msg *m = NULL;
+    lnorm__codec_pack_error(id, rc, why, &m);
+    lnorm__req_free(d, r);
+    lnorm__send(d, slot, id, lnorm_err_to_status(rc), m);
+}
+
+/* A request whose every tensor is in shared memory and whose payload is
+ * larger than this is split by rows into chunks of about this size, queued
+ * as requests of their own: the backend then pipelines them (one chunk's
+ * upload beside another's download) instead of moving it whole. */
+#define LNORM__SHM_CHUNK_BYTES ((uint64_t)32 << 20)
+
+/* The parent of a split request: answered when its last chunk finishes. */
+typedef struct lnorm__group {
+    atomic_int left;
+    atomic_int err;            /* first error (LNORM_OK: none) */
+    char why[256];             /* its message (written by the first error only) */
+    atomic_flag why_taken;
+    lnorm__req *parent;        /* holds the reply route, regions and reservation */
+    atomic_uint_fast64_t queue_us_max, compute_us_sum;
+    uint32_t nchunks;
+} lnorm__group;
+
+static int lnorm__all_by_ref(const lnorm__decoded *dec)
+{
+    return dec->in_bytes == 0 && dec->ref[LNORM__T_X].set && dec->ref[LNORM__T_Y].set &&
+           (!dec->want_mean || dec->ref[LNORM__T_MEAN].set) && (!dec->want_rstd || dec->ref[LNORM__T_RSTD].set) &&
+           (!dec->res_out_bytes || dec->ref[LNORM__T_RES_OUT].set);
+}
+
+static void lnorm__reply_done(lnorm__daemon *d, lnorm__req *r, int err, const char *why, const lnorm__timing *t);
+
+/* Split parent r into chunks of rows and queue them; LNORM_OK when every
+ * chunk is queued (the parent is then answered by the last one), else an
+ * error and the chunks queued so far answer into the group, which then
+ * answers the parent with that error. */
+static int lnorm__submit_split(lnorm__daemon *d, lnorm__req *r, char *err, size_t errlen)
+{
+    lnorm_segment *s = &r->dec.seg;
+    uint64_t rows = (uint64_t)s->rows;
+    uint64_t per_row = r->bytes / rows;
+    uint64_t crow = per_row ? LNORM__SHM_CHUNK_BYTES / per_row : rows;
+    if (crow < 1)
+        crow = 1;
+    uint64_t nch = (rows + crow - 1) / crow;
+    lnorm__group *g = calloc(1, sizeof *g);
+    lnorm__req *ch = g ? calloc(nch, sizeof *ch) : NULL;
+    if (!ch) {
+        free(g);
+        snprintf(err, errlen, "out of memory splitting the request");
+        return LNORM_ENOMEM;
+    }
+    atomic_init(&g->left, (int)nch + 1); /* + 1: this function's, dropped at the end */
+    atomic_init(&g->err, LNORM_OK);
+    atomic_flag_clear(&g->why_taken);
+    g->parent = r;
+    g->nchunks = (uint32_t)nch;
+    size_t xs = lnorm_dtype_size(s->x_dtype), ys = lnorm_dtype_size(s->y_dtype);
+    uint64_t H = (uint64_t)s->hidden;
+    int rc = LNORM_OK;
+    for (uint64_t i = 0; i < nch; i++) {
+        lnorm__req *c = &ch[i];
+        uint64_t r0 = i * crow, n = rows - r0 < crow ? rows - r0 : crow;
+        *c = (lnorm__req){0};
+        c->group = g;
+        c->recv_ns = r->recv_ns;
+        c->deadline_ns = r->deadline_ns;
+        c->priority = r->priority;
+        c->max_queue_us = r->max_queue_us;
+        c->dec.request_id = r->dec.request_id;
+        c->dec.kind = LNORM__REQ_NORMALIZE;
+        lnorm_segment *cs = &c->dec.seg;
+        *cs = *s;
+        cs->rows = (int64_t)n;
+        cs->x = (const unsigned char *)s->x + r0 * H * xs;
+        cs->y = (unsigned char *)s->y + r0 * H * ys;
+        if (s->residual) {
+            cs->residual = (const unsigned char *)s->residual + r0 * H * xs;
+            cs->residual_out = (unsigned char *)s->residual_out + r0 * H * xs;
+        }
+        if (s->mean)
+            cs->mean = (float *)s->mean + r0;
+        if (s->rstd)
+            cs->rstd = (float *)s->rstd + r0;
+        c->rows = n;
+        c->bytes = n * per_row;
+        if (rc == LNORM_OK)
+            rc = lnorm__batcher_submit(d->batcher, c, err, errlen);
+        if (rc != LNORM_OK) {
+            /* Not queued: this chunk (and every later one) counts as done. */
+            if (!atomic_flag_test_and_set(&g->why_taken)) {
+                snprintf(g->why, sizeof g->why, "%s", err);
+                atomic_store(&g->err, rc);
+            }
+            atomic_fetch_sub(&g->left, 1);
+        }
+    }
+    /* The chunks array is freed with the group (by the last finisher). */
+    g->parent->next = (lnorm__req *)ch; /* (parent is not queued: its link carries the array) */
+    if (atomic_fetch_sub(&g->left, 1) == 1) {
+        lnorm__timing t = {0};
+        lnorm__req *p = g->parent;
+        int e = atomic_load(&g->err);
+        free(p->next);
+        p->next = NULL;
+        lnorm__reply_done(d, p, e, e ? g->why : NULL, &t);
+        free(g);
+    }
+    return LNORM_OK;
+}
+
+/* A chunk of a split request finished (any thread). */
+static void lnorm__chunk_done(lnorm__daemon *d, lnorm__req *c, int err, const char *why, const lnorm__timing *t)
+{
+    lnorm__group *g = c->group;
+    if (err != LNORM_OK && !atomic_flag_test_and_set(&g->why_taken)) {
+        snprintf(g->why, sizeof g->why, "%s", why ? why : "");
+        atomic_store(&g->err, err);
+    }
+    uint64_t q = atomic_load(&g->queue_us_max);
+    while (t->queue_us > q && !atomic_compare_exchange_weak(&g->queue_us_max, &q, t->queue_us))
+        ;
+    atomic_fetch_add(&g->compute_us_sum, t->compute_us);
+    if (atomic_fetch_sub(&g->left, 1) != 1)
+        return;
+    lnorm__req *p = g->parent;
+    lnorm__timing pt = *t;
+    pt.queue_us = atomic_load(&g->queue_us_max);
+    pt.compute_us = atomic_load(&g->compute_us_sum);
+    int e = atomic_load(&g->err);
+    free(p->next);
+    p->next = NULL;
+    lnorm__reply_done(d, p, e, e ? g->why : NULL, &pt);
+    free(g);
+}
+
+/* Normalize: resolve params and tensors by reference, allocate the other
+ * outputs, queue. Takes r (with dec and dec.src, the message it may borrow
+ * from); peer is the sender (socket requests) or NULL (ring requests,
+ * whose tensors are in the ring's own region). */
+static void lnorm__normalize_req(lnorm__daemon *d, lnorm__req *r, const lnorm__peer *peer)
 {
     char err[256];
+    lnorm__decoded *dec = &r->dec;
+    if (dec->deadline_us)
+        r->deadline_ns = r->recv_ns + (dec->deadline_us > UINT64_MAX / 4000 ? UINT64_MAX / 4 : dec->deadline_us * 1000);
+    lnorm_segment *s = &dec->seg;
+    int rc = LNORM_OK;
+    if (dec->params_id) {
+        if (lnorm__params_get(d->params, dec->params_id, &r->pset) != LNORM_OK) {
+            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' is not registered", dec->params_id);
+            rc = LNORM_ENOTFOUND;
+        } else if (r->pset->hidden != (uint64_t)s->hidden) {
+            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' has hidden %llu, the request %lld",
+                     dec->params_id, (unsigned long long)r->pset->hidden, (long long)s->hidden);
+            rc = LNORM_EINVAL;
+        } else if (r->pset->dtype != LNORM_DTYPE_F32 && r->pset->dtype != s->x_dtype) {
+            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' is %s, x is %s (params must be f32 or x's dtype)",
+                     dec->params_id, lnorm_dtype_name(r->pset->dtype), lnorm_dtype_name(s->x_dtype));
+            rc = LNORM_EINVAL;
+        } else {
+            s->param_dtype = r->pset->dtype;
+            s->gamma = r->pset->gamma;
+            s->beta = r->pset->beta;
+        }
+    }
+    if (rc == LNORM_OK && dec->nrefs)
+        rc = lnorm__shm_resolve(d, r, peer, r->ring ? lnorm__ring_region(r->ring) : NULL, err, sizeof err);
+    int own_y = !dec->ref[LNORM__T_Y].set, own_mean = dec->want_mean && !dec->ref[LNORM__T_MEAN].set;
+    int own_rstd = dec->want_rstd && !dec->ref[LNORM__T_RSTD].set;
+    int own_res = dec->res_out_bytes && !dec->ref[LNORM__T_RES_OUT].set;
+    if (rc == LNORM_OK) {
+        /* Memory held by requests in flight is bounded (max-inflight-bytes);
+         * tensors in shared memory are the client's, not counted. */
+        uint64_t need = dec->in_bytes + (own_y ? dec->y_bytes : 0) + (own_res ? dec->res_out_bytes : 0) +
+                        (own_mean ? dec->stat_bytes : 0) + (own_rstd ? dec->stat_bytes : 0);
+        uint64_t held = (uint64_t)atomic_fetch_add(&d->stats.inflight_bytes, (int_fast64_t)need);
+        r->reserved = need;
+        if (held + need > d->cfg.max_inflight_bytes) {
+            snprintf(err, sizeof err, "max-inflight-bytes: %llu bytes held by requests in flight, this one needs %llu",
+                     (unsigned long long)held, (unsigned long long)need);
+            rc = LNORM_ELIMIT;
+        }
+    }
+    if (rc == LNORM_OK && lnorm__can_run_in_place(d, dec)) {
+        dec->in_place = 1;
+        s->y = (void *)s->x;
+    } else if (rc == LNORM_OK) {
+        if (own_y)
+            s->y = r->y = lnorm__obuf(d, dec->y_bytes);
+        if (own_mean)
+            s->mean = r->mean = lnorm__obuf(d, dec->stat_bytes);
+        if (own_rstd)
+            s->rstd = r->rstd = lnorm__obuf(d, dec->stat_bytes);
+        if (own_res)
+            s->residual_out = r->res_out = lnorm__obuf(d, dec->res_out_bytes);
+        if ((own_y && !r->y) || (own_mean && !r->mean) || (own_rstd && !r->rstd) || (own_res && !r->res_out)) {
+            snprintf(err, sizeof err, "out of memory for the outputs");
+            rc = LNORM_ENOMEM;
+        }
+    }
+    if (rc == LNORM_OK) {
+        r->rows = (uint64_t)s->rows;
+        r->bytes = dec->in_bytes + dec->y_bytes + dec->res_out_bytes + (dec->want_mean ? dec->stat_bytes : 0) +
+                   (dec->want_rstd ? dec->stat_bytes : 0);
+        for (int t = 0; t < LNORM__T_N; t++)
+            if (dec->ref[t].set && t != LNORM__T_Y && t != LNORM__T_MEAN && t != LNORM__T_RSTD && t != LNORM__T_RES_OUT)
+                r->bytes += dec->ref[t].bytes;
+        r->priority = dec->priority;
+        r->max_queue_us = dec->max_queue_us;
+        if (r->rows > 1 && r->bytes > LNORM__SHM_CHUNK_BYTES && lnorm__all_by_ref(dec) && !s->residual == !s->residual_out)
+            rc = lnorm__submit_split(d, r, err, sizeof err);
+        else
+            rc = lnorm__batcher_submit(d->batcher, r, err, sizeof err);
+    }
+    if (rc != LNORM_OK)
+        lnorm__req_fail(d, r, rc, err);
+}
+
+/* Normalize from a message: the request takes dec (and dec->src). */
+static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *dec, uint64_t recv_ns)
+{
     lnorm__req *r = calloc(1, sizeof *r);
     if (!r) {
         lnorm__reply_error(d, slot, dec->request_id, LNORM_ENOMEM, "out of memory");
@@ -185,77 +426,39 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
     r->dec = *dec;
     r->slot = slot;
     r->recv_ns = recv_ns;
-    if (dec->deadline_us)
-        r->deadline_ns = recv_ns + (dec->deadline_us > UINT64_MAX / 4000 ? UINT64_MAX / 4 : dec->deadline_us * 1000);
-    lnorm_segment *s = &r->dec.seg;
-    int rc = LNORM_OK;
-    if (r->dec.params_id) {
-        if (lnorm__params_get(d->params, r->dec.params_id, &r->pset) != LNORM_OK) {
-            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' is not registered", r->dec.params_id);
-            rc = LNORM_ENOTFOUND;
-        } else if (r->pset->hidden != (uint64_t)s->hidden) {
-            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' has hidden %llu, the request %lld",
-                     r->dec.params_id, (unsigned long long)r->pset->hidden, (long long)s->hidden);
-            rc = LNORM_EINVAL;
-        } else if (r->pset->dtype != LNORM_DTYPE_F32 && r->pset->dtype != s->x_dtype) {
-            snprintf(err, sizeof err, "normalize.affine.params_id: '%s' is %s, x is %s (params must be f32 or x's dtype)",
-                     r->dec.params_id, lnorm_dtype_name(r->pset->dtype), lnorm_dtype_name(s->x_dtype));
-            rc = LNORM_EINVAL;
-        } else {
-            s->param_dtype = r->pset->dtype;
-            s->gamma = r->pset->gamma;
-            s->beta = r->pset->beta;
-        }
+    lnorm__peer peer;
+    if (dec->nrefs)
+        lnorm__transport_peer(slot, &peer);
+    lnorm__normalize_req(d, r, dec->nrefs ? &peer : NULL);
+}
+
+/* A descriptor from a ring (the ring poller's thread): decoded from its
+ * private copy and queued like a message's request; answered on the ring. */
+void lnorm__dispatch_ring(void *arg, lnorm__ring *ring, const lnorm_ring_sqe *sqe, uint64_t recv_ns)
+{
+    lnorm__daemon *d = arg;
+    char err[256];
+    atomic_fetch_add(&d->stats.inflight, 1);
+    lnorm__req *r = calloc(1, sizeof *r);
+    if (!r) {
+        lnorm__stats_reply(&d->stats, lnorm_err_to_status(LNORM_ENOMEM));
+        atomic_fetch_sub(&d->stats.inflight, 1);
+        lnorm__ring_complete(ring, sqe->tag, LNORM_ENOMEM, "out of memory", NULL);
+        return;
     }
-    if (rc == LNORM_OK) {
-        /* Memory held by requests in flight is bounded (max-inflight-bytes). */
-        uint64_t need = r->dec.in_bytes + r->dec.y_bytes + r->dec.res_out_bytes +
-                        (r->dec.want_mean ? r->dec.stat_bytes : 0) + (r->dec.want_rstd ? r->dec.stat_bytes : 0);
-        uint64_t held = (uint64_t)atomic_fetch_add(&d->stats.inflight_bytes, (int_fast64_t)need);
-        r->reserved = need;
-        if (held + need > d->cfg.max_inflight_bytes) {
-            snprintf(err, sizeof err, "max-inflight-bytes: %llu bytes held by requests in flight, this one needs %llu",
-                     (unsigned long long)held, (unsigned long long)need);
-            rc = LNORM_ELIMIT;
-        }
-    }
-    if (rc == LNORM_OK && lnorm__can_run_in_place(d, &r->dec)) {
-        r->dec.in_place = 1;
-        s->y = (void *)s->x;
-    } else if (rc == LNORM_OK) {
-        r->y = lnorm__obuf(d, r->dec.y_bytes);
-        if (r->dec.want_mean)
-            r->mean = lnorm__obuf(d, r->dec.stat_bytes);
-        if (r->dec.want_rstd)
-            r->rstd = lnorm__obuf(d, r->dec.stat_bytes);
-        if (r->dec.res_out_bytes)
-            r->res_out = lnorm__obuf(d, r->dec.res_out_bytes);
-        if (!r->y || (r->dec.want_mean && !r->mean) || (r->dec.want_rstd && !r->rstd) ||
-            (r->dec.res_out_bytes && !r->res_out)) {
-            snprintf(err, sizeof err, "out of memory for the outputs");
-            rc = LNORM_ENOMEM;
-        }
-    }
-    if (rc == LNORM_OK) {
-        if (!r->dec.in_place)
-            s->y = r->y;
-        s->mean = r->mean;
-        s->rstd = r->rstd;
-        s->residual_out = r->res_out;
-        r->rows = (uint64_t)s->rows;
-        r->bytes = r->dec.in_bytes + r->dec.y_bytes + r->dec.res_out_bytes +
-                   (r->mean ? r->dec.stat_bytes : 0) + (r->rstd ? r->dec.stat_bytes : 0);
-        r->priority = r->dec.msg->normalize->priority;
-        r->max_queue_us = r->dec.msg->normalize->max_queue_us;
-        rc = lnorm__batcher_submit(d->batcher, r, err, sizeof err);
+    r->ring = ring;
+    r->recv_ns = recv_ns;
+    int rc = lnorm__codec_decode_sqe(sqe, lnorm__ring_region(ring)->id, &d->lim, &r->dec, err, sizeof err);
+    if (rc == LNORM_OK && atomic_load(&d->draining)) {
+        snprintf(err, sizeof err, "lnormd is shutting down (draining)");
+        rc = LNORM_EUNAVAIL;
     }
     if (rc != LNORM_OK) {
-        nng_msg *m = NULL;
-        uint64_t id = r->dec.request_id;
-        lnorm__codec_pack_error(id, rc, err, &m);
-        lnorm__req_free(d, r);
-        lnorm__send(d, slot, id, lnorm_err_to_status(rc), m);
+        r->dec.request_id = sqe->tag;
+        lnorm__req_fail(d, r, rc, err);
+        return;
     }
+    lnorm__normalize_req(d, r, NULL);
 }
 
 void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
@@ -287,7 +490,8 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     Lnorm__V1__Request *m = dec.msg;
     Lnorm__V1__Response r = LNORM__V1__RESPONSE__INIT;
     r.request_id = dec.request_id;
-    if (late && dec.kind != LNORM__REQ_HEALTH && dec.kind != LNORM__REQ_INFO) {
+    if (late && dec.kind != LNORM__REQ_HEALTH && dec.kind != LNORM__REQ_INFO &&
+        dec.kind != LNORM__V1__REQUEST__BODY_UNREGISTER_REGION) {
         /* Received after SIGTERM: not started, so that the drain ends. */
         lnorm__reply_error(d, slot, dec.request_id, LNORM_EUNAVAIL, "lnormd is shutting down (draining)");
         lnorm__codec_decoded_free(&dec);
@@ -345,6 +549,20 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
             lnorm__reply_error(d, slot, dec.request_id, rc, err);
         }
         break;
+    case LNORM__V1__REQUEST__BODY_REGISTER_REGION:
+    case LNORM__V1__REQUEST__BODY_UNREGISTER_REGION:
+    case LNORM__V1__REQUEST__BODY_REGION_STATUS:
+    case LNORM__V1__REQUEST__BODY_ATTACH_RING: {
+        lnorm__peer peer;
+        lnorm__shm_reply body;
+        lnorm__transport_peer(slot, &peer);
+        rc = lnorm__shm_control(d, &peer, m, &r, &body, err, sizeof err);
+        if (rc == LNORM_OK)
+            lnorm__reply_body(d, slot, &r);
+        else
+            lnorm__reply_error(d, slot, dec.request_id, rc, err);
+        break;
+    }
     default:
         lnorm__reply_error(d, slot, dec.request_id, LNORM_EINVAL, "body: unknown request");
         break;
@@ -356,11 +574,35 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
 void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
 {
     lnorm__daemon *d = arg;
+    if (r->group)
+        lnorm__chunk_done(d, r, err, why, t);
+    else
+        lnorm__reply_done(d, r, err, why, t);
+}
+
+/* Answer a finished request: on its ring, or as a reply on its slot. */
+static void lnorm__reply_done(lnorm__daemon *d, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
+{
     void *slot = r->slot;
     nng_msg *m = NULL;
     uint64_t t0 = lnorm__now_ns();
     if (t->done_ns)
         lnorm__stats_stage(&d->stats, LNORM__STAGE_REPLY_WAIT, t0 - t->done_ns);
+    if (r->ring) {
+        char msg[LNORM_RING_MSG];
+        lnorm__ring *ring = r->ring;
+        uint64_t id = r->dec.request_id;
+        r->ring = NULL;
+        if (err != LNORM_OK)
+            snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
+        else
+            atomic_fetch_add(&d->stats.normalize_ok, 1);
+        lnorm__req_free(d, r);
+        lnorm__stats_reply(&d->stats, lnorm_err_to_status(err));
+        atomic_fetch_sub(&d->stats.inflight, 1);
+        lnorm__ring_complete(ring, id, err, err != LNORM_OK ? msg : NULL, t);
+        return;
+    }
     if (err != LNORM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
@@ -402,8 +644,10 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
         }
         return;
     }
-    body.y.data = r->y;
-    body.y.len = r->dec.y_bytes;
+    if (r->y) { /* (NULL: y was written into the client's region) */
+        body.y.data = r->y;
+        body.y.len = r->dec.y_bytes;
+    }
     if (r->mean) {
         body.mean.data = r->mean;
         body.mean.len = r->dec.stat_bytes;

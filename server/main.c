@@ -49,6 +49,13 @@ static int lnorm__metrics_hook(void *arg, char **out, size_t *len)
         d->be->ops->counters(d->be, &c);
         lnorm__stats_set_backend(&d->stats, &c);
     }
+    if (d->regions) {
+        uint64_t n, bytes, rings;
+        lnorm__regions_count(d->regions, &n, &bytes, &rings);
+        atomic_store(&d->stats.shm_regions, (int_fast64_t)n);
+        atomic_store(&d->stats.shm_bytes, (int_fast64_t)bytes);
+        atomic_store(&d->stats.shm_rings, (int_fast64_t)rings);
+    }
     return lnorm__stats_render(&d->stats, d->be->ops->name, out, len);
 }
 
@@ -89,6 +96,24 @@ static void lnorm__batcher_opts_of(const lnorm__config *c, lnorm__batcher_opts *
     memcpy(o->priority_max_queue, c->priority_max_queue, sizeof o->priority_max_queue);
     o->max_queue_wait_us = c->max_queue_wait_us;
     o->reply_threads = (unsigned)c->reply_threads;
+}
+
+static void lnorm__regions_opts_of(const lnorm__config *c, lnorm__regions_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->allow = c->allow_shm;
+    o->nuids = c->nshm_uids;
+    memcpy(o->uids, c->shm_uid, sizeof o->uids);
+    o->max_regions = c->shm_max_regions;
+    o->max_bytes = c->shm_max_bytes;
+}
+
+/* A connection closed: the regions it registered go with it. */
+static void lnorm__on_pipe_closed(void *arg, uint32_t pipe)
+{
+    lnorm__daemon *d = arg;
+    if (d->regions)
+        lnorm__regions_pipe_closed(d->regions, pipe);
 }
 
 static void lnorm__stop_loop(lnorm__daemon *d)
@@ -186,7 +211,19 @@ static void lnorm__on_signal(uv_signal_t *h, int signum)
         memcpy(d->cfg.priority_max_queue_list, nc->priority_max_queue_list, sizeof d->cfg.priority_max_queue_list);
         memcpy(d->cfg.priority_max_queue, nc->priority_max_queue, sizeof d->cfg.priority_max_queue);
         d->cfg.max_queue_wait_us = nc->max_queue_wait_us;
+        d->cfg.allow_shm = nc->allow_shm;
+        memcpy(d->cfg.shm_uids, nc->shm_uids, sizeof d->cfg.shm_uids);
+        memcpy(d->cfg.shm_uid, nc->shm_uid, sizeof d->cfg.shm_uid);
+        d->cfg.nshm_uids = nc->nshm_uids;
+        d->cfg.shm_max_regions = nc->shm_max_regions;
+        d->cfg.shm_max_bytes = nc->shm_max_bytes;
         free(nc);
+        {
+            /* (Regions already registered stay; the new rules apply to new ones.) */
+            lnorm__regions_opts ro;
+            lnorm__regions_opts_of(&d->cfg, &ro);
+            lnorm__regions_set_opts(d->regions, &ro);
+        }
         atomic_store(&lnorm__log_level, d->cfg.log_level);
         lnorm__batcher_opts bo;
         lnorm__batcher_opts_of(&d->cfg, &bo);
@@ -344,12 +381,23 @@ int main(int argc, char **argv)
     lnorm__batcher_opts_of(&d->cfg, &bo);
     if (lnorm__batcher_create(&d->batcher, &d->loop, d->be, &d->stats, &bo, lnorm__dispatch_finish, d) != LNORM_OK)
         goto out_params;
+    {
+        lnorm__regions_opts ro;
+        lnorm__regions_opts_of(&d->cfg, &ro);
+        if (lnorm__regions_create(&d->regions, d->be, &ro) != LNORM_OK ||
+            lnorm__rings_create(&d->rings, lnorm__dispatch_ring, d) != LNORM_OK) {
+            LOG_ERROR("out of memory starting the shared-memory rings");
+            goto out_regions;
+        }
+        lnorm__regions_set_rings(d->regions, d->rings);
+    }
     rc = lnorm__transport_create(&d->tp, &d->cfg, lnorm__dispatch_msg, d, err, sizeof err);
     if (rc != LNORM_OK) {
         LOG_ERROR("%s", err);
         exit_code = rc == LNORM_EINVAL ? 2 : 1;
-        goto out_batcher;
+        goto out_regions;
     }
+    lnorm__transport_on_close(d->tp, lnorm__on_pipe_closed, d);
     char http_bound[128] = "";
     if (strcmp(d->cfg.http, "off") != 0) {
         lnorm__http_hooks hooks = {lnorm__metrics_hook, lnorm__ready_hook, d};
@@ -420,7 +468,14 @@ out_transport:
         lnorm__batcher_close(d->batcher);
         uv_run(&d->loop, UV_RUN_DEFAULT);
     }
-out_batcher:
+out_regions:
+    /* No message comes any more (the socket is closed): rings leave the
+     * poller with their regions, and requests still in flight keep what
+     * they use until they finish (below). */
+    lnorm__regions_destroy(d->regions);
+    d->regions = NULL;
+    lnorm__rings_destroy(d->rings);
+    d->rings = NULL;
     if (!d->tp) {
         lnorm__batcher_close(d->batcher);
         uv_run(&d->loop, UV_RUN_DEFAULT);

@@ -16,9 +16,17 @@ typedef struct lnorm__timing {
     uint64_t done_ns;         /* when its batch finished (monotonic) */
 } lnorm__timing;
 
+struct lnorm__region;
+struct lnorm__ring;
+struct lnorm__group;
+
 typedef struct lnorm__req {
     struct lnorm__req *next;  /* queue link (the batcher's, then the reply pool's) */
-    void *slot;               /* transport context that replies */
+    void *slot;               /* transport context that replies (NULL: ring or group) */
+    struct lnorm__ring *ring; /* the ring it came from (a reference), or NULL */
+    struct lnorm__group *group; /* one chunk of a larger request, or NULL */
+    struct lnorm__region *rg[8]; /* regions its tensors lie in (references) */
+    int nrg;
     lnorm__decoded dec;       /* the message; dec.seg has inputs AND outputs set */
     lnorm__pset *pset;        /* registered params in use, or NULL */
     uint64_t recv_ns;         /* receipt (monotonic) */

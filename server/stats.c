@@ -211,6 +211,9 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_counter(&b, "lnormd_batches_in_flight", "gauge", "Batches running on the backend.", (unsigned long long)LDS(s->batches_inflight));
     lnorm__render_counter(&b, "lnormd_params_registered", "gauge", "Registered parameter sets.", (unsigned long long)LDS(s->params_count));
     lnorm__render_counter(&b, "lnormd_params_bytes", "gauge", "Bytes of registered parameters.", (unsigned long long)LDS(s->params_bytes));
+    lnorm__render_counter(&b, "lnormd_shm_regions", "gauge", "Shared-memory regions registered by clients.", (unsigned long long)LDS(s->shm_regions));
+    lnorm__render_counter(&b, "lnormd_shm_bytes", "gauge", "Bytes of those regions (mapped into lnormd).", (unsigned long long)LDS(s->shm_bytes));
+    lnorm__render_counter(&b, "lnormd_shm_rings", "gauge", "Submission rings attached to them.", (unsigned long long)LDS(s->shm_rings));
     lnorm__render_counter(&b, "lnormd_cuda_errors_total", "counter",
                           "Batches whose CUDA work failed (then answered with errors, or computed on the CPU).",
                           LD(s->cuda_errors));

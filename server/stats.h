@@ -60,6 +60,9 @@ typedef struct lnorm__stats {
     atomic_int_fast64_t batches_inflight;
     atomic_int_fast64_t params_count;
     atomic_int_fast64_t params_bytes;
+    atomic_int_fast64_t shm_regions;    /* clients' shared-memory regions (set before each render) */
+    atomic_int_fast64_t shm_bytes;
+    atomic_int_fast64_t shm_rings;
     /* The backend's own counters (lnorm__backend_counters), copied in by
      * lnorm__stats_set_backend before each render. */
     atomic_uint_fast64_t cuda_errors;           /* jobs whose CUDA work failed */

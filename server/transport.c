@@ -41,6 +41,8 @@ struct lnorm__transport {
     atomic_int busy;
     atomic_uint_fast64_t last_recv_ns;
     nng_duration send_timeout_ms;
+    void (*on_close)(void *arg, uint32_t pipe);
+    void *on_close_arg;
     atomic_uint_fast64_t last_drop_log_ns;
     /* Replies handed to NNG, per live pipe (under pmu; an entry from the
      * pipe's ADD_POST to its REM_POST event): the drain compares them with
@@ -143,6 +145,26 @@ void lnorm__transport_reply(void *slot, nng_msg *msg)
     nng_ctx_send(s->ctx, s->aio);
 }
 
+void lnorm__transport_peer(void *slot, lnorm__peer *out)
+{
+    lnorm__slot *s = slot;
+    uint64_t pid = 0, uid = 0;
+    memset(out, 0, sizeof *out);
+    out->pipe = (uint32_t)(nng_pipe_id(s->pipe) > 0 ? nng_pipe_id(s->pipe) : 0);
+    if (out->pipe && nng_pipe_get_uint64(s->pipe, NNG_OPT_IPC_PEER_PID, &pid) == 0 &&
+        nng_pipe_get_uint64(s->pipe, NNG_OPT_IPC_PEER_UID, &uid) == 0) {
+        out->local = 1;
+        out->pid = (int64_t)pid;
+        out->uid = uid;
+    }
+}
+
+void lnorm__transport_on_close(lnorm__transport *tp, void (*fn)(void *arg, uint32_t pipe), void *arg)
+{
+    tp->on_close_arg = arg;
+    tp->on_close = fn;
+}
+
 static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     lnorm__transport *tp = arg;
@@ -168,6 +190,8 @@ static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
         }
         pthread_mutex_unlock(&tp->pmu);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
+        if (tp->on_close)
+            tp->on_close(tp->on_close_arg, id);
         pthread_mutex_lock(&tp->pmu);
         for (size_t i = 0; i < tp->npipes; i++)
             if (tp->pipes[i].id == id) {

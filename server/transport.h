@@ -12,6 +12,7 @@
 #include <nng/nng.h>
 
 #include "config.h"
+#include "peer.h"
 
 typedef struct lnorm__transport lnorm__transport;
 
@@ -29,6 +30,11 @@ int lnorm__transport_start(lnorm__transport *tp);
 int lnorm__transport_nlisteners(const lnorm__transport *tp);
 /* The URL listener i is bound to (tcp port 0 replaced by the real port). */
 const char *lnorm__transport_url(const lnorm__transport *tp, int i);
+/* Who sent the request in hand on slot. */
+void lnorm__transport_peer(void *slot, lnorm__peer *out);
+/* fn(arg, pipe id) runs on an NNG thread each time a connection closes
+ * (set before lnorm__transport_start). */
+void lnorm__transport_on_close(lnorm__transport *tp, void (*fn)(void *arg, uint32_t pipe), void *arg);
 /* Send msg as the reply of slot's request (NULL: no reply, e.g. out of memory). */
 void lnorm__transport_reply(void *slot, nng_msg *msg);
 /* Drain: refuse new connections; each context stops receiving once it has

@@ -95,6 +95,7 @@ static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *res
             o->max_queue_requests = in->limits->max_queue_requests;
             o->max_params_bytes = in->limits->max_params_bytes;
             o->max_inflight_bytes = in->limits->max_inflight_bytes;
+            o->shm = in->limits->shm ? 1 : 0;
         }
         lnorm__v1__info_response__free_unpacked(in, NULL);
         return LNORM_OK;

@@ -359,6 +359,8 @@ void lnorm_client_close(lnorm_client *c)
     for (int i = 0; i < c->npool; i++)
         nng_msg_free(c->msg_pool[i]);
     free(c->all_slots);
+    /* Regions still registered: the daemon drops them with the connection. */
+    lnorm__shm_forget_all(c);
     client_free(c);
 }
 

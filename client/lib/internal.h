@@ -31,7 +31,7 @@ typedef struct lnorm__resp_view {
     lnorm__span message;     /* Status.message */
     uint64_t queue_us, compute_us;
     uint32_t batch_rows, batch_requests;
-    int body;                /* field number of the body (10..14), 0: none */
+    int body;                /* field number of the body (10..18), 0: none */
     lnorm__span body_bytes;  /* the body message's encoding */
 } lnorm__resp_view;
 
@@ -129,6 +129,7 @@ struct lnorm_client {
      * 1 MiB memset before its payload is even copied in. */
     nng_msg *msg_pool[LNORM__MSG_POOL];
     int npool;
+    struct lnorm_shm *shms;  /* regions this client registered (under mtx) */
 };
 
 /* Start a call (already filled: ops, data, nchunks, depth, timeouts, cb).
@@ -170,6 +171,9 @@ uint64_t lnorm__next_id(lnorm_client *c);
 
 /* Whether id is 1..128 bytes of [A-Za-z0-9_.:-]. */
 int lnorm__valid_params_id(const char *id);
+
+/* Unmap and free every region of c (at close, the socket already closed). */
+void lnorm__shm_forget_all(lnorm_client *c);
 
 /* Map an NNG error to an lnorm error code. */
 int lnorm__from_nng(int rv);

@@ -256,10 +256,66 @@ typedef struct lnorm_server_info {
     uint64_t max_queue_requests;
     uint64_t max_params_bytes;
     uint64_t max_inflight_bytes; /* inputs + outputs of all requests the server holds */
+    int shm;                     /* this caller may use shared memory (lnorm_shm_create) */
 } lnorm_server_info;
 
 /* Fill *info with a server's description. */
 int lnorm_info(lnorm_client *c, lnorm_server_info *info, lnorm_result *res);
+
+/* ---- Shared memory with a local lnormd (docs/shm.md) -----------------------
+ *
+ * A client whose lnormd runs on the same host (ipc:// URL, lnormd started
+ * with allow-shm, same uid or one of its shm-uids) can keep its tensors in
+ * regions both processes map: requests then name them instead of carrying
+ * them, and lnormd reads x and writes y in place (DMA to and from the GPU).
+ * A region lives until lnorm_shm_destroy, or until the connection that
+ * registered it closes. */
+
+typedef struct lnorm_shm lnorm_shm;
+
+/* Create a region of `bytes` bytes (a sealed memfd, mapped here, zeroed)
+ * and register it with the daemon. LNORM_EPERM when the daemon does not
+ * allow this caller shared memory (res says why). */
+int lnorm_shm_create(lnorm_client *c, size_t bytes, lnorm_shm **out, lnorm_result *res);
+/* The region's memory, size and id (as the daemon knows it). */
+void *lnorm_shm_data(const lnorm_shm *s);
+size_t lnorm_shm_size(const lnorm_shm *s);
+uint64_t lnorm_shm_id(const lnorm_shm *s);
+/* Unregister and unmap (no request using it may be in flight); frees s
+ * (lnorm_client_close frees the regions left, without asking the daemon)
+ * whatever the daemon answers. NULL: nothing. */
+int lnorm_shm_destroy(lnorm_shm *s, lnorm_result *res);
+
+/* Normalize with every buffer of req (x, y, and any of residual,
+ * residual_out, gamma, beta, mean, rstd given) inside regions of this
+ * client: one small message names them, nothing is copied, and the call
+ * is not chunked (chunk_bytes is ignored; lnormd splits large requests
+ * itself). LNORM_EINVAL when a buffer is not inside a region. */
+int lnorm_normalize_shm(lnorm_client *c, const lnorm_normalize_req *req, lnorm_result *res);
+/* The same, asynchronously (see lnorm_normalize_async). */
+int lnorm_normalize_shm_async(lnorm_client *c, const lnorm_normalize_req *req, lnorm_callback cb, void *arg);
+
+/* A submission ring (include/lnorm/ring.h) in a region: requests go
+ * through shared memory, not the socket. One thread at a time may use a
+ * ring (submit and reap); at most lnorm_ring_entries requests may be
+ * submitted and not yet reaped. The ring lives as long as its region. */
+typedef struct lnorm_ring lnorm_ring;
+struct lnorm_ring_sqe;
+struct lnorm_ring_cqe;
+
+/* Attach a ring of `entries` entries (a power of two, 2..65536) at offset
+ * (a multiple of 64) of region s; lnorm_ring_bytes(entries) bytes there
+ * belong to the ring from now on. */
+int lnorm_ring_attach(lnorm_shm *s, size_t offset, uint32_t entries, lnorm_ring **out, lnorm_result *res);
+uint32_t lnorm_ring_entries(const lnorm_ring *r);
+/* Requests submitted and not yet reaped. */
+uint32_t lnorm_ring_outstanding(const lnorm_ring *r);
+/* Publish up to n descriptors (offsets into the ring's region); returns how
+ * many went (fewer when the ring is full), and wakes lnormd if it sleeps. */
+int lnorm_ring_submit(lnorm_ring *r, const struct lnorm_ring_sqe *sqes, int n);
+/* Take up to max completions; wait up to timeout_ms (< 0: forever) for
+ * the first when none is there. Returns how many (0: timed out). */
+int lnorm_ring_reap(lnorm_ring *r, struct lnorm_ring_cqe *out, int max, int timeout_ms);
 
 #ifdef __cplusplus
 }
