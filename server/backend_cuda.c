@@ -786,6 +786,26 @@ static void lnorm__cuda_buf_free(lnorm__backend *base, void *q)
     lnorm__block_free(h);
 }
 
+/* A client's shared region: pinned for every GPU (portable), so that its
+ * segments are copied by DMA like the daemon's own pinned buffers. */
+static int lnorm__cuda_host_register(lnorm__backend *base, void *p, size_t n)
+{
+    (void)base;
+    cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return LNORM_ECUDA;
+    }
+    return LNORM_OK;
+}
+
+static void lnorm__cuda_host_unregister(lnorm__backend *base, void *p)
+{
+    (void)base;
+    if (cudaHostUnregister(p) != cudaSuccess)
+        cudaGetLastError();
+}
+
 static int lnorm__cuda_devices(lnorm__backend *base, lnorm__device_info *out, int max)
 {
     lnorm__cuda_be *be = (lnorm__cuda_be *)base;
@@ -929,6 +949,8 @@ static const lnorm__backend_ops lnorm__cuda_ops = {
     .destroy = lnorm__cuda_destroy,
     .counters = lnorm__cuda_counters,
     .describe = lnorm__cuda_describe,
+    .host_register = lnorm__cuda_host_register,
+    .host_unregister = lnorm__cuda_host_unregister,
 };
 
 /* Make dev current with the completion wait policy as its scheduling flag.

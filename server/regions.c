@@ -243,8 +243,13 @@ int lnorm__regions_register_host(lnorm__regions *rs, const lnorm__peer *peer, ui
     /* Pinned for the GPU's DMA where the backend can: copies to and from
      * the region then run at PCIe speed (pageable memory is some 10x
      * slower). Not fatal: the backend copies through its own buffers. */
-    if (rs->be->ops->host_register && rs->be->ops->host_register(rs->be, p, (size_t)bytes) == LNORM_OK)
-        r->pinned = 1;
+    if (rs->be->ops->host_register) {
+        if (rs->be->ops->host_register(rs->be, p, (size_t)bytes) == LNORM_OK)
+            r->pinned = 1;
+        else
+            LOG_WARN("region of %llu bytes: the %s backend could not pin it; it is copied as pageable memory",
+                     (unsigned long long)bytes, rs->be->ops->name);
+    }
     rc = lnorm__insert(rs, r, id, why, n);
     if (rc != LNORM_OK) {
         lnorm__region_put(r);

@@ -20,6 +20,7 @@
 #include "lnorm/types.h"
 #ifdef LNORM_BENCH_HAVE_LIB
 #include "lnorm/lnorm.h"
+#include "lnorm/ring.h"
 #endif
 
 volatile sig_atomic_t lnorm__interrupted;
@@ -29,6 +30,11 @@ uint64_t lnorm__now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *lnorm__driver_name(int d)
+{
+    return d == LNORM__DRV_LIB ? "lib" : d == LNORM__DRV_SHM ? "shm" : d == LNORM__DRV_RING ? "ring" : "raw";
 }
 
 const char *lnorm__ek_name(int k)
@@ -103,6 +109,18 @@ struct run {
     uint64_t ok_all;     /* under mu: successful replies, warm-up included */
     int closed;          /* under mu: the transport is closed */
     int leaked;          /* it did not close: never free what NNG may use */
+#ifdef LNORM_BENCH_HAVE_LIB
+    /* shm and ring drivers: inputs and outputs in one region */
+    lnorm_shm *shm;
+    void **tin;          /* per template: x, residual, gamma, beta in the region */
+    lnorm_ring *ring;
+    pthread_t reaper;
+    int reaper_on;
+    _Atomic int reaper_stop;
+    pthread_mutex_t pmu; /* pending descriptors (slot indices) for the reaper to submit */
+    int *pend;
+    int npend;
+#endif
 };
 
 static void slot_start(slot *s, uint64_t t0);
@@ -461,6 +479,160 @@ static void lib_start(slot *s)
 }
 #endif
 
+/* The request of slot s with every tensor in the run's region. */
+static void shm_req(slot *s, lnorm_normalize_req *q)
+{
+    run *r = s->r;
+    const lnorm__tmpl *t = &r->w->t[s->tmpl];
+    void **in = &r->tin[4 * s->tmpl];
+    lnorm_normalize_req_init(q, (lnorm_op)t->sh.op, (lnorm_dtype)t->sh.x_dtype, t->sh.rows, t->sh.hidden);
+    q->y_dtype = (lnorm_dtype)t->sh.y_dtype;
+    q->eps = r->w->wl.eps;
+    q->x = in[0];
+    q->y = s->y;
+    if (t->residual) {
+        q->residual = in[1];
+        q->residual_out = s->res_out;
+    }
+    if (r->w->wl.params == LNORM__PARAMS_INLINE) {
+        q->param_dtype = LNORM_DTYPE_F32;
+        q->gamma = in[2];
+        q->beta = in[3];
+    }
+    if (r->w->wl.stats) {
+        q->want_stats = 1;
+        q->rstd = s->rstd;
+        if (t->sh.op == LNORM_OP_LAYERNORM)
+            q->mean = s->mean;
+    }
+    q->timeout_ms = r->cfg->timeout_ms;
+}
+
+/* x (and residual) go to lnormd by DMA from the region, y comes back the
+ * same way: counted as bytes sent and received, as the socket's are. */
+static void shm_complete(slot *s, int kind, const lnorm__reply *rep)
+{
+    const lnorm__tmpl *t = &s->r->w->t[s->tmpl];
+    if (kind == 0) {
+        int ln = t->sh.op == LNORM_OP_LAYERNORM;
+        size_t sb = s->r->w->wl.stats ? t->sh.rows * 4 : 0;
+        take_sample(s, s->y, t->y_bytes, ln ? s->mean : NULL, ln ? sb : 0, s->rstd, sb,
+                    t->residual ? s->res_out : NULL, t->residual ? t->x_bytes : 0);
+    }
+    size_t tx = t->x_bytes * (t->residual ? 2 : 1);
+    size_t rx = t->y_bytes + (t->residual ? t->x_bytes : 0) +
+                (s->r->w->wl.stats ? t->sh.rows * (t->sh.op == LNORM_OP_LAYERNORM ? 8 : 4) : 0);
+    complete(s, kind, rep, kind == 0 ? tx : 0, kind == 0 ? rx : 0);
+}
+
+static void shm_cb(void *arg, int err, const lnorm_result *res)
+{
+    slot *s = arg;
+    lnorm__reply rep;
+    memset(&rep, 0, sizeof rep);
+    int kind = 0;
+    if (err != LNORM_OK) {
+        if (res && res->status > 0 && res->status <= 16)
+            kind = res->status;
+        else if (atomic_load(&s->r->stop) || err == LNORM_ECLOSED || err == LNORM_ECANCELED)
+            kind = LNORM__EK_ABORTED;
+        else if (err == LNORM_ETIMEDOUT)
+            kind = LNORM__EK_TIMEOUT;
+        else
+            kind = LNORM__EK_TRANSPORT;
+    } else if (res) {
+        rep.has_timings = 1;
+        rep.queue_us = res->queue_us;
+        rep.compute_us = res->compute_us;
+        rep.batch_rows = res->batch_rows;
+        rep.batch_requests = res->batch_requests;
+    }
+    shm_complete(s, kind, &rep);
+}
+
+static void shm_start(slot *s)
+{
+    lnorm_normalize_req q;
+    shm_req(s, &q);
+    if (lnorm_normalize_shm_async(s->r->cli, &q, shm_cb, s) != LNORM_OK)
+        complete(s, LNORM__EK_TRANSPORT, NULL, 0, 0);
+}
+
+/* Ring: the slot's descriptor waits for the reaper thread, which alone
+ * uses the ring (submits and reaps). */
+static void ring_start(slot *s)
+{
+    run *r = s->r;
+    pthread_mutex_lock(&r->pmu);
+    r->pend[r->npend++] = s->idx;
+    pthread_mutex_unlock(&r->pmu);
+}
+
+static uint64_t ring_off(const run *r, const void *p)
+{
+    return p ? (uint64_t)((const unsigned char *)p - (const unsigned char *)lnorm_shm_data(r->shm)) : LNORM_RING_NONE;
+}
+
+static void *reaper_main(void *arg)
+{
+    run *r = arg;
+    lnorm_ring_sqe q[64];
+    lnorm_ring_cqe c[64];
+    int pend[64];
+    while (!atomic_load(&r->reaper_stop)) {
+        int n = 0;
+        pthread_mutex_lock(&r->pmu);
+        while (n < 64 && r->npend > 0)
+            pend[n++] = r->pend[--r->npend];
+        pthread_mutex_unlock(&r->pmu);
+        for (int i = 0; i < n; i++) {
+            slot *s = &r->slots[pend[i]];
+            lnorm_normalize_req rq;
+            shm_req(s, &rq);
+            lnorm_ring_sqe *e = &q[i];
+            memset(e, 0, sizeof *e);
+            e->tag = (uint64_t)pend[i];
+            e->op = (uint8_t)rq.op;
+            e->x_dtype = (uint8_t)rq.x_dtype;
+            e->y_dtype = (uint8_t)rq.y_dtype;
+            e->param_dtype = (uint8_t)rq.param_dtype;
+            e->eps = rq.eps;
+            e->want_stats = rq.want_stats ? 1 : 0;
+            e->rows = rq.rows;
+            e->hidden = rq.hidden;
+            e->x = ring_off(r, rq.x);
+            e->y = ring_off(r, rq.y);
+            e->residual = ring_off(r, rq.residual);
+            e->residual_out = ring_off(r, rq.residual_out);
+            e->gamma = ring_off(r, rq.gamma);
+            e->beta = ring_off(r, rq.beta);
+            e->mean = ring_off(r, rq.want_stats ? rq.mean : NULL);
+            e->rstd = ring_off(r, rq.want_stats ? rq.rstd : NULL);
+            s->sending = 1;
+        }
+        /* The ring has room for every slot (entries >= slots). */
+        if (n && lnorm_ring_submit(r->ring, q, n) != n)
+            fprintf(stderr, "lnorm-bench: ring full (a bug: entries < requests in flight)\n");
+        int got = lnorm_ring_reap(r->ring, c, 64, 1);
+        for (int i = 0; i < got; i++) {
+            if (c[i].tag >= (uint64_t)r->nslots)
+                continue;
+            slot *s = &r->slots[c[i].tag];
+            lnorm__reply rep;
+            memset(&rep, 0, sizeof rep);
+            rep.has_timings = 1;
+            rep.queue_us = c[i].queue_us;
+            rep.compute_us = c[i].compute_us;
+            rep.batch_rows = c[i].batch_rows;
+            rep.batch_requests = c[i].batch_requests;
+            s->sending = 0;
+            int kind = c[i].err == LNORM_OK ? 0 : lnorm_err_to_status(c[i].err);
+            shm_complete(s, kind > 0 && kind <= 16 ? kind : (c[i].err ? LNORM__EK_TRANSPORT : 0), &rep);
+        }
+    }
+    return NULL;
+}
+
 static void slot_start(slot *s, uint64_t t0)
 {
     run *r = s->r;
@@ -483,6 +655,14 @@ static void slot_start(slot *s, uint64_t t0)
 #ifdef LNORM_BENCH_HAVE_LIB
     if (r->cfg->driver == LNORM__DRV_LIB) {
         lib_start(s);
+        return;
+    }
+    if (r->cfg->driver == LNORM__DRV_SHM) {
+        shm_start(s);
+        return;
+    }
+    if (r->cfg->driver == LNORM__DRV_RING) {
+        ring_start(s);
         return;
     }
 #endif
@@ -569,6 +749,99 @@ static int open_lib(run *r, char *err, size_t errlen)
 }
 #endif
 
+/* shm and ring drivers: one region holds every template's inputs (copied
+ * in once) and each slot's outputs; the ring, if any, at its start. */
+static int open_shm(run *r, char *err, size_t errlen)
+{
+    const lnorm__work *w = r->w;
+    if (w->wl.params == LNORM__PARAMS_REGISTERED) {
+        snprintf(err, errlen, "--transport shm|ring: registered params are not supported (use inline params)");
+        return -1;
+    }
+    if (open_lib(r, err, errlen) != 0)
+        return -1;
+    for (int i = 0; i < r->nslots; i++) { /* (outputs go in the region instead) */
+        slot *s = &r->slots[i];
+        free(s->y);
+        free(s->res_out);
+        free(s->mean);
+        free(s->rstd);
+        s->y = s->res_out = NULL;
+        s->mean = s->rstd = NULL;
+    }
+    uint32_t entries = 2;
+    while (entries < (uint32_t)r->nslots)
+        entries *= 2;
+    size_t A = 4096, off = r->cfg->driver == LNORM__DRV_RING ? lnorm_ring_bytes(entries) : 0;
+#define UP(x) (((x) + A - 1) / A * A)
+    size_t need = UP(off);
+    for (size_t i = 0; i < w->nt; i++) {
+        const lnorm__tmpl *t = &w->t[i];
+        need += UP(t->x_bytes) * (t->residual ? 2 : 1) + (t->gamma ? 2 * UP(t->sh.hidden * 4) : 0);
+    }
+    need += (size_t)r->nslots * (UP(w->max_y_bytes) + UP(w->max_x_bytes) + 2 * UP(w->max_rows * 4));
+    lnorm_result res;
+    int rv = lnorm_shm_create(r->cli, need, &r->shm, &res);
+    if (rv != LNORM_OK) {
+        snprintf(err, errlen, "lnorm_shm_create (%zu bytes): %s: %.140s", need, lnorm_strerror(rv), res.message);
+        return -1;
+    }
+    unsigned char *b = lnorm_shm_data(r->shm);
+    r->tin = calloc(4 * w->nt, sizeof *r->tin);
+    r->pend = calloc((size_t)r->nslots, sizeof *r->pend);
+    if (!r->tin || !r->pend) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t o = UP(off);
+    for (size_t i = 0; i < w->nt; i++) {
+        const lnorm__tmpl *t = &w->t[i];
+        memcpy(b + o, t->x, t->x_bytes);
+        r->tin[4 * i] = b + o;
+        o += UP(t->x_bytes);
+        if (t->residual) {
+            memcpy(b + o, t->residual, t->x_bytes);
+            r->tin[4 * i + 1] = b + o;
+            o += UP(t->x_bytes);
+        }
+        if (t->gamma) {
+            memcpy(b + o, t->gamma, t->sh.hidden * 4);
+            r->tin[4 * i + 2] = b + o;
+            o += UP(t->sh.hidden * 4);
+            memcpy(b + o, t->beta, t->sh.hidden * 4);
+            r->tin[4 * i + 3] = b + o;
+            o += UP(t->sh.hidden * 4);
+        }
+    }
+    for (int i = 0; i < r->nslots; i++) {
+        slot *s = &r->slots[i];
+        s->y = b + o;
+        o += UP(w->max_y_bytes);
+        s->res_out = b + o;
+        o += UP(w->max_x_bytes);
+        s->mean = (float *)(void *)(b + o);
+        o += UP(w->max_rows * 4);
+        s->rstd = (float *)(void *)(b + o);
+        o += UP(w->max_rows * 4);
+    }
+#undef UP
+    if (r->cfg->driver == LNORM__DRV_RING) {
+        rv = lnorm_ring_attach(r->shm, 0, entries, &r->ring, &res);
+        if (rv != LNORM_OK) {
+            snprintf(err, errlen, "lnorm_ring_attach: %s: %.150s", lnorm_strerror(rv), res.message);
+            return -1;
+        }
+        pthread_mutex_init(&r->pmu, NULL);
+        atomic_store(&r->reaper_stop, 0);
+        if (pthread_create(&r->reaper, NULL, reaper_main, r) != 0) {
+            snprintf(err, errlen, "cannot start the ring thread");
+            return -1;
+        }
+        r->reaper_on = 1;
+    }
+    return 0;
+}
+
 /* Close the transport: everything still in flight completes (aborted).
  * Raw: abort each request (nng_aio_stop waits for its callback, which
  * does not start another once stop is set), close the contexts, then the
@@ -576,6 +849,28 @@ static int open_lib(run *r, char *err, size_t errlen)
 static void close_transport_now(run *r)
 {
 #ifdef LNORM_BENCH_HAVE_LIB
+    if (r->reaper_on) {
+        /* Whatever is still in the ring or waiting for it ends aborted. */
+        atomic_store(&r->reaper_stop, 1);
+        pthread_join(r->reaper, NULL);
+        r->reaper_on = 0;
+        for (int i = 0; i < r->nslots; i++)
+            if (r->slots[i].sending) {
+                r->slots[i].sending = 0;
+                complete(&r->slots[i], LNORM__EK_ABORTED, NULL, 0, 0);
+            }
+        pthread_mutex_lock(&r->pmu);
+        int n = r->npend;
+        r->npend = 0;
+        pthread_mutex_unlock(&r->pmu);
+        for (int i = 0; i < n; i++)
+            complete(&r->slots[r->pend[i]], LNORM__EK_ABORTED, NULL, 0, 0);
+    }
+    if (r->shm) {
+        lnorm_shm_destroy(r->shm, NULL);
+        r->shm = NULL;
+        r->ring = NULL;
+    }
     if (r->cli) {
         lnorm_client_close(r->cli);
         r->cli = NULL;
@@ -651,12 +946,20 @@ static void free_run(run *r)
                 nng_aio_stop(s->aio);
                 nng_aio_free(s->aio);
             }
+#ifdef LNORM_BENCH_HAVE_LIB
+            if (r->tin) /* (shm and ring: the outputs were in the region) */
+                continue;
+#endif
             free(s->y);
             free(s->res_out);
             free(s->mean);
             free(s->rstd);
         }
     }
+#ifdef LNORM_BENCH_HAVE_LIB
+    free(r->tin);
+    free(r->pend);
+#endif
     if (r->samples) {
         for (unsigned i = 0; i < r->cfg->verify_n; i++) {
             free(r->samples[i].y);
@@ -843,7 +1146,7 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
 {
     memset(res, 0, sizeof(*res));
     snprintf(res->label, sizeof res->label, "%s", cfg->label);
-    snprintf(res->driver, sizeof res->driver, "%s", cfg->driver == LNORM__DRV_LIB ? "lib" : "raw");
+    snprintf(res->driver, sizeof res->driver, "%s", lnorm__driver_name(cfg->driver));
     res->open_loop = cfg->open_loop;
     res->concurrency = cfg->concurrency;
     res->rate = cfg->rate;
@@ -887,6 +1190,8 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
 #ifdef LNORM_BENCH_HAVE_LIB
     if (cfg->driver == LNORM__DRV_LIB)
         rc = open_lib(rp, res->error, sizeof res->error);
+    else if (cfg->driver == LNORM__DRV_SHM || cfg->driver == LNORM__DRV_RING)
+        rc = open_shm(rp, res->error, sizeof res->error);
     else
 #endif
         rc = open_raw(rp, res->error, sizeof res->error);

@@ -17,7 +17,11 @@
 #include "work.h"
 
 enum { LNORM__TARGET_LNORMD = 0, LNORM__TARGET_ECHO = 1 };
-enum { LNORM__DRV_RAW = 0, LNORM__DRV_LIB = 1 };
+/* raw NNG; the client library over the socket; the client library with
+ * every tensor in shared memory (--transport shm); a submission ring
+ * (--transport ring). */
+enum { LNORM__DRV_RAW = 0, LNORM__DRV_LIB = 1, LNORM__DRV_SHM = 2, LNORM__DRV_RING = 3 };
+const char *lnorm__driver_name(int d);
 
 /* Error kinds: wire codes 1..16 as themselves, then the client's own. */
 enum {

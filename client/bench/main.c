@@ -43,6 +43,11 @@ static const char usage[] =
     "  --driver lib|raw       lib: the client library's async API (default when built\n"
     "                         with it; splits large requests into chunks); raw: one\n"
     "                         NNG message per request over req0 contexts\n"
+    "  --transport socket|shm|ring\n"
+    "                         socket (default): tensors in the messages; shm: every\n"
+    "                         tensor in a shared region (lnormd --allow-shm, ipc://),\n"
+    "                         messages only name them; ring: requests through a\n"
+    "                         submission ring in that region, no socket at all\n"
     "  --chunk-bytes SIZE     lib driver: bytes of x per chunk (e.g. 4M; 0: default)\n"
     "  --pipeline-depth N     lib driver: chunks of one request in flight\n"
     "\n"
@@ -202,7 +207,7 @@ static int echo_url_for(const char *url, char *out, size_t n)
 }
 
 enum {
-    O_URL = 256, O_SPAWN, O_SPAWN_LISTEN, O_DRIVER, O_CHUNK, O_PIPE, O_CONC, O_RATE, O_ARR,
+    O_URL = 256, O_SPAWN, O_SPAWN_LISTEN, O_DRIVER, O_TRANSPORT, O_CHUNK, O_PIPE, O_CONC, O_RATE, O_ARR,
     O_MAXIF, O_DUR, O_WARM, O_REQS, O_TIMEOUT, O_GRACE, O_OP, O_DTYPE, O_ODTYPE, O_ROWS,
     O_HIDDEN, O_MIX, O_STATS, O_RESID, O_PARAMS, O_EPS, O_VARIANTS, O_SEED, O_VERIFY, O_ECHO,
     O_ECHO_ONLY, O_ECHO_URL, O_ECHO_CTX, O_JSON, O_CSV, O_PLOT, O_TAG, O_PROGRESS, O_NOPROGRESS,
@@ -211,7 +216,7 @@ enum {
 
 static const struct option longopts[] = {
     {"url", 1, 0, O_URL}, {"spawn", 1, 0, O_SPAWN}, {"spawn-listen", 1, 0, O_SPAWN_LISTEN},
-    {"driver", 1, 0, O_DRIVER}, {"chunk-bytes", 1, 0, O_CHUNK}, {"pipeline-depth", 1, 0, O_PIPE},
+    {"driver", 1, 0, O_DRIVER}, {"transport", 1, 0, O_TRANSPORT}, {"chunk-bytes", 1, 0, O_CHUNK}, {"pipeline-depth", 1, 0, O_PIPE},
     {"concurrency", 1, 0, O_CONC}, {"rate", 1, 0, O_RATE}, {"arrivals", 1, 0, O_ARR},
     {"max-in-flight", 1, 0, O_MAXIF}, {"duration", 1, 0, O_DUR}, {"warmup", 1, 0, O_WARM},
     {"requests", 1, 0, O_REQS}, {"timeout", 1, 0, O_TIMEOUT}, {"grace", 1, 0, O_GRACE},
@@ -366,6 +371,22 @@ static int opt_driver(bench_opts *b, const char *name, const char *arg)
 #endif
 }
 
+/* --transport socket|shm|ring: 0, or 1 after the error. */
+static int opt_transport(bench_opts *b, const char *name, const char *arg)
+{
+    if (!strcmp(arg, "socket"))
+        return 0;
+    if (strcmp(arg, "shm") && strcmp(arg, "ring"))
+        return bad(name, arg);
+#ifdef LNORM_BENCH_HAVE_LIB
+    b->driver = strcmp(arg, "shm") ? LNORM__DRV_RING : LNORM__DRV_SHM;
+    return 0;
+#else
+    fprintf(stderr, "lnorm-bench: built without the client library\n");
+    return 1;
+#endif
+}
+
 /* Target, driver, baseline and output options: 0 taken, 1 bad value
  * (said), -1 unknown. */
 static int opt_other(bench_opts *b, int c, const char *name, const char *arg)
@@ -377,6 +398,7 @@ static int opt_other(bench_opts *b, int c, const char *name, const char *arg)
     case O_SPAWN_LISTEN: b->spawn_listen = arg; return 0;
     case O_REMOTE: b->allow_remote = 1; return 0;
     case O_DRIVER: return opt_driver(b, name, arg);
+    case O_TRANSPORT: return opt_transport(b, name, arg);
     case O_CHUNK: if (lnorm__size_parse(arg, &b->chunk)) return bad(name, arg); return 0;
     case O_PIPE: if (parse_pos(arg, 1, 1024, &v)) return bad(name, arg); b->pipeline = (int)v; return 0;
     case O_ECHO: b->echo = 1; return 0;
@@ -704,7 +726,7 @@ static int run_points(const bench_opts *b, const lnorm__work *w, const char *url
                 r->concurrency = cfg.concurrency;
                 r->rate = cfg.rate;
                 if (!r->driver[0])
-                    snprintf(r->driver, sizeof r->driver, "%s", cfg.driver == LNORM__DRV_LIB ? "lib" : "raw");
+                    snprintf(r->driver, sizeof r->driver, "%s", lnorm__driver_name(cfg.driver));
                 rc = r->error[0] ? -1 : 0;
             } else {
                 rc = lnorm__run(&cfg, w, r);
