@@ -20,6 +20,22 @@
  *  - y = (h - mean) * rstd * gamma[c] + beta[c]; gamma/beta are 1-D,
  *    indexed by column only; absent gamma = 1, absent beta = 0.
  *  - mean and rstd go to separate fp32 buffers (RMSNorm writes no mean).
+ *  - At the edges of fp32 (kernels/core/rescale.h): where those fp32 sums
+ *    overflow (var not finite: elements past about 1.8e19, or rows whose
+ *    squares add up past FLT_MAX) or are too small for fp32's subnormals
+ *    to carry (var < 2^-100 with eps < 2^-40), the row's sums are taken
+ *    again over (h - K) scaled by a power of two (2^-90, 2^64), which is
+ *    exact, and mean, rstd and y come from those. Results are then as
+ *    accurate as in the common case for finite elements whose differences
+ *    |h - h[0]| stay below FLT_MAX and for a spread (LayerNorm: the
+ *    standard deviation; RMSNorm: the RMS) down to 2^-114 (5e-35); below
+ *    that, or where rstd itself leaves fp32's normal range (a spread above
+ *    2^126 or, with eps outside, 1 / eps past 2^126), the outputs carry
+ *    fp32's subnormal rounding. An Inf or NaN element keeps its IEEE
+ *    propagation (LayerNorm: a NaN row; RMSNorm with +-Inf: rstd = 0).
+ *  - eps outside the sqrt must be >= FLT_MIN (1.17549435e-38): below, a
+ *    constant row's rstd = 1 / eps is not a finite fp32 (validation
+ *    refuses it, LNORM_CORE_MIN_EPS_OUTSIDE); inside the sqrt any eps > 0.
  */
 #ifndef LNORM_CORE_H
 #define LNORM_CORE_H
@@ -36,6 +52,10 @@ extern "C" {
 
 /* Hard upper bound on hidden accepted by the core (2^24 elements). */
 #define LNORM_CORE_MAX_HIDDEN (1u << 24)
+
+/* The smallest eps accepted with LNORM_EPS_OUTSIDE: FLT_MIN (2^-126), so
+ * that 1 / eps, a constant row's rstd, is a finite fp32. */
+#define LNORM_CORE_MIN_EPS_OUTSIDE 0x1p-126f
 
 /* One request's tensor, or a slice of one. Strides are in elements and are
  * the distance between the first elements of consecutive rows; they must be
@@ -74,6 +94,11 @@ typedef struct lnorm_batch {
  * every pointer NULL. */
 void lnorm_segment_init(lnorm_segment *s, lnorm_op op, lnorm_dtype x_dtype,
                         int64_t rows, int64_t hidden);
+
+/* Check an eps and its placement (lnorm_eps_mode) as lnorm_segment_validate
+ * does: LNORM_OK or LNORM_EINVAL with *why (if why is not NULL) a static
+ * message; for codecs that check a request's fields before any work. */
+int lnorm_eps_validate(float eps, int eps_mode, const char **why);
 
 /* Check a segment's description (not the memory behind it). Returns
  * LNORM_OK or LNORM_EINVAL; on error, if why is not NULL, *why is set to a

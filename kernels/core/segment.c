@@ -37,6 +37,18 @@ static int extent_fits(int64_t rows, int64_t stride, int64_t hidden, size_t esz)
     return ((rows - 1) * stride + hidden) <= lim / (int64_t)esz;
 }
 
+int lnorm_eps_validate(float eps, int eps_mode, const char **why)
+{
+    if (eps_mode != LNORM_EPS_INSIDE && eps_mode != LNORM_EPS_OUTSIDE)
+        LNORM__FAIL("eps_mode: unknown placement");
+    if (!(eps > 0.0f) || !isfinite(eps))
+        LNORM__FAIL("eps: must be finite and > 0");
+    /* Outside the sqrt, a constant row's rstd is 1 / eps: finite from here up. */
+    if (eps_mode == LNORM_EPS_OUTSIDE && eps < LNORM_CORE_MIN_EPS_OUTSIDE)
+        LNORM__FAIL("eps: must be >= 1.17549435e-38 (FLT_MIN) with eps outside the sqrt");
+    return LNORM_OK;
+}
+
 int lnorm_segment_validate(const lnorm_segment *s, const char **why)
 {
     if (!s)
@@ -49,10 +61,8 @@ int lnorm_segment_validate(const lnorm_segment *s, const char **why)
         LNORM__FAIL("y_dtype: unknown dtype");
     if (s->param_dtype != LNORM_DTYPE_F32 && s->param_dtype != s->x_dtype)
         LNORM__FAIL("param_dtype: must be f32 or the dtype of x");
-    if (s->eps_mode != LNORM_EPS_INSIDE && s->eps_mode != LNORM_EPS_OUTSIDE)
-        LNORM__FAIL("eps_mode: unknown placement");
-    if (!(s->eps > 0.0f) || !isfinite(s->eps))
-        LNORM__FAIL("eps: must be finite and > 0");
+    if (lnorm_eps_validate(s->eps, s->eps_mode, why) != LNORM_OK)
+        return LNORM_EINVAL;
     if (s->rows < 1)
         LNORM__FAIL("rows: must be >= 1");
     if (s->hidden < 1)

@@ -3,6 +3,7 @@
 
 #include "cpu_rows.h"
 #include "half.h"
+#include "rescale.h"
 
 /* Columns summed plainly before the block sum joins the compensated total. */
 #define BLOCK 8
@@ -36,8 +37,11 @@ static inline void kahan_add(float *sum, float *comp, float v)
 }
 
 /* sum over the row of (h - K) (mode 0), ((h - K) - d)^2 (mode 1) or h^2
- * (mode 2), blocked and compensated. */
-static float row_sum(const void *hp, int dt, int64_t H, float K, float d, int mode)
+ * (mode 2), blocked and compensated; the rescue's sums (rescale.h) of
+ * t = (h - K) * sc (mode 3) and (t - d)^2 (mode 4). Inlined with mode a
+ * constant: each mode is its own loop. */
+static inline __attribute__((always_inline)) float row_sum(const void *hp, int dt, int64_t H, float K, float d,
+                                                           float sc, int mode)
 {
     float sum = 0.0f, comp = 0.0f, plain = 0.0f;
     for (int64_t c0 = 0; c0 < H; c0 += BLOCK) {
@@ -46,15 +50,29 @@ static float row_sum(const void *hp, int dt, int64_t H, float K, float d, int mo
         for (int64_t c = c0; c < c1; c++) {
             float h = ld(hp, c, dt);
             float t = mode == 2 ? h : h - K;
-            if (mode == 1)
+            if (mode >= 3)
+                t *= sc;
+            if (mode == 1 || mode == 4)
                 t -= d;
-            bs += mode == 0 ? t : t * t;
+            bs += mode == 0 || mode == 3 ? t : t * t;
         }
         kahan_add(&sum, &comp, bs);
         plain += bs;
     }
     /* Compensation turns an infinite sum into NaN; the plain sum keeps it. */
     return isfinite(plain) ? sum : plain;
+}
+
+/* The rescue of a row whose plain var failed (rescale.h): d and rstd from
+ * sums of (h - K) scaled by a power of two. */
+static __attribute__((noinline)) void rescue(const lnorm_segment *s, const void *hp, float K, float var, float *d,
+                                             float *rstd)
+{
+    const int64_t H = s->hidden;
+    const float sc = lnorm__rescale_factor(var);
+    const float ds = s->op == LNORM_OP_LAYERNORM ? row_sum(hp, s->x_dtype, H, K, 0.0f, sc, 3) / (float)H : 0.0f;
+    const float vs = row_sum(hp, s->x_dtype, H, K, ds, sc, 4) / (float)H;
+    lnorm__rescaled(ds, vs, sc, s->eps, s->eps_mode, d, rstd);
 }
 
 static void one_row(const lnorm_segment *s, int64_t r)
@@ -78,13 +96,14 @@ static void one_row(const lnorm_segment *s, int64_t r)
         K = ld(hp, 0, xdt);
         if (!isfinite(K))
             K = 0.0f; /* keep an Inf/NaN first element from poisoning the mean */
-        d = row_sum(hp, xdt, H, K, 0.0f, 0) / (float)H;
-        var = row_sum(hp, xdt, H, K, d, 1) / (float)H;
+        d = row_sum(hp, xdt, H, K, 0.0f, 1.0f, 0) / (float)H;
+        var = row_sum(hp, xdt, H, K, d, 1.0f, 1) / (float)H;
     } else {
-        var = row_sum(hp, xdt, H, 0.0f, 0.0f, 2) / (float)H;
+        var = row_sum(hp, xdt, H, 0.0f, 0.0f, 1.0f, 2) / (float)H;
     }
-    float rstd = s->eps_mode == LNORM_EPS_INSIDE ? 1.0f / sqrtf(var + s->eps)
-                                                 : 1.0f / (sqrtf(var) + s->eps);
+    float rstd = lnorm__rstd(var, s->eps, s->eps_mode);
+    if (lnorm__rescale_needed(var, s->eps))
+        rescue(s, hp, K, var, &d, &rstd);
     if (s->mean)
         s->mean[r] = K + d;
     if (s->rstd)

@@ -21,6 +21,7 @@
 
 #include "cpu_rows.h"
 #include "half.h"
+#include "rescale.h"
 
 #define INL static inline __attribute__((always_inline))
 /* Vectors summed per accumulator before a block joins the compensated sum. */
@@ -91,26 +92,30 @@ INL float hsum(V v)
 }
 
 /* The value a column contributes, before squaring: mode 0: h - K (summed);
- * 1: (h - K) - d (squared and summed); 2: h (squared and summed). */
-INL V term(V h, V K, V d, int mode)
+ * 1: (h - K) - d (squared and summed); 2: h (squared and summed); the
+ * rescue's sums (rescale.h): 3: t = (h - K) * sc (summed), 4: t - d
+ * (squared and summed). */
+INL V term(V h, V K, V d, V sc, int mode)
 {
     if (mode == 2)
         return h;
     V t = VSUB(h, K);
-    return mode == 1 ? VSUB(t, d) : t;
+    if (mode >= 3)
+        t = VMUL(t, sc);
+    return mode == 1 || mode == 4 ? VSUB(t, d) : t;
 }
 
 INL V accum(V acc, V t, int mode)
 {
-    return mode == 0 ? VADD(acc, t) : VFMA(t, t, acc);
+    return mode == 0 || mode == 3 ? VADD(acc, t) : VFMA(t, t, acc);
 }
 
 /* Sum over the row: blocks of BLOCK_VECS vectors in four accumulators
  * (vector j of a block goes to accumulator j % 4), blocks Kahan-added
  * lane-wise, lanes combined pairwise at the end. Depends on H only. */
-INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mode)
+INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, float sc, int mode)
 {
-    const V K = VSET1(Kf), d = VSET1(df);
+    const V K = VSET1(Kf), d = VSET1(df), Sc = VSET1(sc);
     V S = VZERO(), C = VZERO(), P = VZERO();
     const int64_t nfull = H / W, nvec = (H + W - 1) / W;
     for (int64_t v0 = 0; v0 < nvec; v0 += BLOCK_VECS) {
@@ -118,14 +123,14 @@ INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mod
         V a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
         int64_t v = v0;
         for (; v + 4 <= v1 && v + 4 <= nfull; v += 4) {
-            a[0] = accum(a[0], term(ld_full(hp, v * W, dt), K, d, mode), mode);
-            a[1] = accum(a[1], term(ld_full(hp, (v + 1) * W, dt), K, d, mode), mode);
-            a[2] = accum(a[2], term(ld_full(hp, (v + 2) * W, dt), K, d, mode), mode);
-            a[3] = accum(a[3], term(ld_full(hp, (v + 3) * W, dt), K, d, mode), mode);
+            a[0] = accum(a[0], term(ld_full(hp, v * W, dt), K, d, Sc, mode), mode);
+            a[1] = accum(a[1], term(ld_full(hp, (v + 1) * W, dt), K, d, Sc, mode), mode);
+            a[2] = accum(a[2], term(ld_full(hp, (v + 2) * W, dt), K, d, Sc, mode), mode);
+            a[3] = accum(a[3], term(ld_full(hp, (v + 3) * W, dt), K, d, Sc, mode), mode);
         }
         for (; v < v1; v++) {
-            V tv = v < nfull ? term(ld_full(hp, v * W, dt), K, d, mode)
-                             : VKEEP(term(ld_tail(hp, v * W, H - v * W, dt), K, d, mode), H - v * W);
+            V tv = v < nfull ? term(ld_full(hp, v * W, dt), K, d, Sc, mode)
+                             : VKEEP(term(ld_tail(hp, v * W, H - v * W, dt), K, d, Sc, mode), H - v * W);
             a[(v - v0) & 3] = accum(a[(v - v0) & 3], tv, mode);
         }
         V b = VADD(VADD(a[0], a[1]), VADD(a[2], a[3]));
@@ -140,6 +145,31 @@ INL float row_sum(const void *hp, int dt, int64_t H, float Kf, float df, int mod
      * then the plain sum gives the Inf/NaN an uncompensated sum would. */
     float sum = hsum(VSUB(S, C));
     return isfinite(sum) ? sum : hsum(P);
+}
+
+/* The rescue of a row whose plain var failed (rescale.h): d and rstd from
+ * sums of (h - K) scaled by a power of two. Out of line: the common case
+ * only tests for it. */
+static __attribute__((noinline)) void rescue(const void *hp, int xdt, const lnorm_segment *s, float K, float var,
+                                             float *d, float *rstd)
+{
+    const int64_t H = s->hidden;
+    const float sc = lnorm__rescale_factor(var);
+    float ds = 0.0f, vs;
+    if (xdt == LNORM_DTYPE_F32) {
+        if (s->op == LNORM_OP_LAYERNORM)
+            ds = row_sum(hp, LNORM_DTYPE_F32, H, K, 0.0f, sc, 3) / (float)H;
+        vs = row_sum(hp, LNORM_DTYPE_F32, H, K, ds, sc, 4) / (float)H;
+    } else if (xdt == LNORM_DTYPE_F16) {
+        if (s->op == LNORM_OP_LAYERNORM)
+            ds = row_sum(hp, LNORM_DTYPE_F16, H, K, 0.0f, sc, 3) / (float)H;
+        vs = row_sum(hp, LNORM_DTYPE_F16, H, K, ds, sc, 4) / (float)H;
+    } else {
+        if (s->op == LNORM_OP_LAYERNORM)
+            ds = row_sum(hp, LNORM_DTYPE_BF16, H, K, 0.0f, sc, 3) / (float)H;
+        vs = row_sum(hp, LNORM_DTYPE_BF16, H, K, ds, sc, 4) / (float)H;
+    }
+    lnorm__rescaled(ds, vs, sc, s->eps, s->eps_mode, d, rstd);
 }
 
 /* What the output pass of one row needs. */
@@ -237,13 +267,14 @@ INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char 
         Kf = ld1(hp, xdt);
         if (!isfinite(Kf))
             Kf = 0.0f;
-        df = row_sum(hp, xdt, H, Kf, 0.0f, 0) / (float)H;
-        var = row_sum(hp, xdt, H, Kf, df, 1) / (float)H;
+        df = row_sum(hp, xdt, H, Kf, 0.0f, 1.0f, 0) / (float)H;
+        var = row_sum(hp, xdt, H, Kf, df, 1.0f, 1) / (float)H;
     } else {
-        var = row_sum(hp, xdt, H, 0.0f, 0.0f, 2) / (float)H;
+        var = row_sum(hp, xdt, H, 0.0f, 0.0f, 1.0f, 2) / (float)H;
     }
-    float rstd = s->eps_mode == LNORM_EPS_INSIDE ? 1.0f / sqrtf(var + s->eps)
-                                                 : 1.0f / (sqrtf(var) + s->eps);
+    float rstd = lnorm__rstd(var, s->eps, s->eps_mode);
+    if (__builtin_expect(lnorm__rescale_needed(var, s->eps), 0))
+        rescue(hp, xdt, s, Kf, var, &df, &rstd);
     if (s->mean)
         s->mean[r] = Kf + df;
     if (s->rstd)

@@ -230,6 +230,159 @@ static void t_nan_inf(lnorm_cpu *cpu, lnorm_rng *g)
         }
 }
 
+/* The worst errors of a run case against float64, printed for the record:
+ * rstd and mean relative, y relative to the row's normalized range. */
+static void edge_errors(const lnorm_test_case *tc, const char *label)
+{
+    const lnorm_segment *s = &tc->seg;
+    const int64_t H = s->hidden;
+    size_t n = (size_t)(s->rows * H);
+    double *y = malloc(n * sizeof *y), *m = malloc((size_t)s->rows * sizeof *m), *rs = malloc((size_t)s->rows * sizeof *rs);
+    if (y && m && rs && lnorm_ref_segment(s, y, m, rs, NULL) == LNORM_OK) {
+        double ey = 0, er = 0, em = 0;
+        for (int64_t r = 0; r < s->rows; r++) {
+            double R = 0;
+            for (int64_t k = 0; k < H; k++)
+                R = fmax(R, fabs(y[r * H + k]));
+            for (int64_t k = 0; k < H; k++) {
+                double e = fabs(lnorm_test_get(s->y, s->y_dtype, (size_t)(r * s->y_stride + k)) - y[r * H + k]) / R;
+                ey = isnan(e) ? INFINITY : fmax(ey, e);
+            }
+            double e = fabs(s->rstd[r] - rs[r]) / rs[r];
+            er = isnan(e) ? INFINITY : fmax(er, e);
+            if (s->mean) {
+                e = fabs(s->mean[r] - m[r]) / (fabs(m[r]) + 1.0 / rs[r]);
+                em = isnan(e) ? INFINITY : fmax(em, e);
+            }
+        }
+        printf("    %-44s max error vs float64: y %.2g (of the row's range), rstd %.2g, mean %.2g\n", label, ey,
+               er, em);
+    }
+    free(y);
+    free(m);
+    free(rs);
+}
+
+/* Rows at the edges of fp32 (kernels/core/rescale.h), every other row of a
+ * case (the rows between stay ordinary, so a row's rescue must not touch
+ * its neighbours): kind 0: one element of 1e30 (never x[0]: the mean's error
+ * grows with |x[0] - mean| / spread, lnorm_core.h); 1: one element of 3e19;
+ * 2: a whole row of N(0, 1e19);
+ * 3: a row of N(0, 1e-22) with eps = 1e-45 (squares in the subnormals). */
+static void edge_fill(lnorm_test_case *tc, int kind, lnorm_rng *g)
+{
+    const lnorm_segment *s = &tc->seg;
+    for (int64_t r = 0; r < s->rows; r += 2) {
+        size_t row = (size_t)(r * s->x_stride);
+        if (kind <= 1) {
+            int64_t c = 1 + (r * 37 + 5) % (s->hidden - 1);
+            lnorm_test_set(tc->x, s->x_dtype, row + (size_t)c, (r & 2 ? -1.0 : 1.0) * (kind ? 3e19 : 1e30));
+        } else {
+            for (int64_t k = 0; k < s->hidden; k++)
+                lnorm_test_set(tc->x, s->x_dtype, row + (size_t)k, (kind == 2 ? 1e19 : 1e-22) * lnorm_rng_normal(g));
+        }
+    }
+}
+
+/* The edge rows of fp32 for LayerNorm and RMSNorm, f32 and bf16 x (fp32's
+ * exponent range), with a residual (a zero one, so h = x) and without,
+ * gamma, beta and stats: y, mean and rstd against float64. kinds: the
+ * edge_fill kinds to run. */
+static void edge_cases(lnorm_cpu *cpu, lnorm_rng *g, int k0, int k1)
+{
+    static const char *const names[] = {"one element 1e30", "one element 3e19", "row N(0, 1e19)",
+                                        "row N(0, 1e-22), eps 1e-45"};
+    for (int kind = k0; kind <= k1; kind++)
+        for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+            for (int xi = 0; xi < 2; xi++)
+                for (int64_t H = 1000; H <= 4097; H += 3097) {
+                    const int xdt = xi ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32;
+                    lnorm_test_case_cfg c = {.op = op, .x_dtype = xdt, .y_dtype = LNORM_DTYPE_F32,
+                                             .param_dtype = LNORM_DTYPE_F32, .rows = 6, .hidden = H,
+                                             .pad = H & 1, .gamma = 1, .beta = 1, .stats = 1,
+                                             .residual = H & 1, .eps = kind == 3 ? 1e-45f : 0.0f};
+                    lnorm_test_case tc;
+                    if (lnorm_test_case_make(&tc, &c, g)) {
+                        CHECK_FAIL("oom");
+                        return;
+                    }
+                    if (tc.residual)
+                        for (int64_t r = 0; r < c.rows; r++)
+                            for (int64_t k = 0; k < H; k++)
+                                lnorm_test_set(tc.residual, xdt, (size_t)(r * tc.seg.res_stride + k), 0.0);
+                    edge_fill(&tc, kind, g);
+                    char label[128];
+                    snprintf(label, sizeof label, "%s %s %s H=%lld%s", names[kind],
+                             op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(xdt), (long long)H,
+                             tc.residual ? " res" : "");
+                    const char *why = NULL;
+                    int err = lnorm_cpu_run_segment(cpu, &tc.seg, &why);
+                    CHECK(err == LNORM_OK, "%s: run = %s (%s)", label, lnorm_errname(err), why ? why : "");
+                    if (err == LNORM_OK) {
+                        edge_errors(&tc, label);
+                        CHECK(lnorm_test_check_segment(&tc.seg, NULL, label) == 0, "%s vs float64", label);
+                    }
+                    lnorm_test_case_free(&tc);
+                }
+}
+
+/* Squares and sums past FLT_MAX: an element of 1e30 or 3e19, rows of
+ * N(0, 1e19) (a plain fp32 sum of squares is Inf: rstd 0, y 0). */
+static void t_fp32_overflow(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    edge_cases(cpu, g, 0, 2);
+}
+
+/* Rows of N(0, 1e-22) with eps = 1e-45: squares in fp32's subnormals (a
+ * plain sum puts rstd 0.3-1% off). */
+static void t_fp32_subnormal(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    edge_cases(cpu, g, 3, 3);
+}
+
+/* eps outside the sqrt below FLT_MIN (1 / eps not a finite fp32: a
+ * constant row gave rstd Inf and a NaN row) is refused, the message naming
+ * the smallest accepted value; FLT_MIN itself runs, and a constant row
+ * then gives y = beta and rstd = 1 / FLT_MIN. */
+static void t_eps_outside_min(lnorm_cpu *cpu, lnorm_rng *g)
+{
+    const float bad[] = {1e-45f, 1e-39f, 0x1.fffffcp-127f};
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++) {
+        lnorm_test_case_cfg c = {.op = op, .x_dtype = LNORM_DTYPE_F32, .rows = 3, .hidden = 300, .gamma = 1,
+                                 .beta = 1, .stats = 1, .eps_mode = LNORM_EPS_OUTSIDE, .eps = 0x1p-126f};
+        lnorm_test_case tc;
+        if (lnorm_test_case_make(&tc, &c, g)) {
+            CHECK_FAIL("oom");
+            return;
+        }
+        for (int64_t k = 0; k < c.hidden; k++) /* row 0 constant (0 for RMSNorm), rows 1, 2 random */
+            lnorm_test_set(tc.x, LNORM_DTYPE_F32, (size_t)k, op == LNORM_OP_LAYERNORM ? 3.25 : 0.0);
+        for (int i = 0; i < 3; i++) {
+            lnorm_segment s = tc.seg;
+            s.eps = bad[i];
+            const char *why = NULL;
+            int err = lnorm_cpu_run_segment(cpu, &s, &why);
+            CHECK(err == LNORM_EINVAL && why && strstr(why, "1.17549435e-38"),
+                  "eps %g outside: run = %s (%s)", (double)bad[i], lnorm_errname(err), why ? why : "");
+            why = NULL;
+            CHECK(lnorm_eps_validate(bad[i], LNORM_EPS_OUTSIDE, &why) == LNORM_EINVAL && why,
+                  "lnorm_eps_validate(%g, outside) accepts it", (double)bad[i]);
+            CHECK(lnorm_eps_validate(bad[i], LNORM_EPS_INSIDE, NULL) == LNORM_OK,
+                  "lnorm_eps_validate(%g, inside) refuses it", (double)bad[i]);
+        }
+        lnorm_test_case_repoison(&tc);
+        int err = lnorm_cpu_run_segment(cpu, &tc.seg, NULL);
+        CHECK(err == LNORM_OK, "eps FLT_MIN outside: run = %s", lnorm_errname(err));
+        long wrong = 0;
+        for (int64_t k = 0; k < c.hidden; k++)
+            wrong += !(((float *)tc.y)[k] == ((float *)tc.beta)[k]);
+        CHECK(wrong == 0 && tc.rstd[0] == 0x1p126f, "constant row, eps FLT_MIN outside: %ld y != beta, rstd %g",
+              wrong, (double)tc.rstd[0]);
+        CHECK(lnorm_test_check_segment(&tc.seg, NULL, "eps FLT_MIN outside") == 0, "eps FLT_MIN outside vs float64");
+        lnorm_test_case_free(&tc);
+    }
+}
+
 /* Invalid descriptions are rejected with LNORM_EINVAL and nothing written. */
 static void t_reject(lnorm_cpu *cpu, lnorm_rng *g)
 {
@@ -564,6 +717,8 @@ static const struct {
     {"eps_placement", t_eps_placement}, {"shared_params", t_shared_params}, {"nan_inf", t_nan_inf},
     {"reject", t_reject},         {"rms_no_mean", t_rms_no_mean}, {"concurrent_run", t_concurrent},
     {"in_place", t_in_place},     {"many_segments", t_many_segments},
+    {"fp32_overflow", t_fp32_overflow}, {"fp32_subnormal", t_fp32_subnormal},
+    {"eps_outside_min", t_eps_outside_min},
 };
 
 int main(int argc, char **argv)
