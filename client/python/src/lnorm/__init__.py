@@ -10,7 +10,7 @@ liblnorm's error table. See docs/python.md.
 """
 from ._arrays import BFLOAT16 as bfloat16
 from ._call import EpsMode, Normalized, Op
-from ._lib import lib as _lib
+from ._lib import lib as _clib
 from .aio import AsyncClient
 from .client import Client, Device, ServerInfo
 from .errors import (AlreadyExists, BackendFailure, CUDAError, DeadlineExceeded, Error, InputOutputError,
@@ -19,7 +19,7 @@ from .errors import (AlreadyExists, BackendFailure, CUDAError, DeadlineExceeded,
                      ResourceLimitExceeded, ServiceUnavailable, TransportError)
 
 __version__ = "0.1.0"
-library_version: str = _lib.lnorm_client_version().decode()
+library_version: str = _clib.lnorm_client_version().decode()
 
 __all__ = [
     "Client", "AsyncClient", "Op", "EpsMode", "Normalized", "ServerInfo", "Device", "bfloat16",
