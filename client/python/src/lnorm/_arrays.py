@@ -77,7 +77,7 @@ def as_input(a: Any, what: str, dtype: Optional[np.dtype] = None) -> np.ndarray:
     if a.dtype not in _CODES:
         raise errors.InvalidArgument(f"{what}: dtype {a.dtype} is not one of float32, float16, bfloat16 "
                                      f"(convert first, e.g. {what}.astype(np.float32))")
-    return np.ascontiguousarray(a)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def rows_hidden(shape: Tuple[int, ...], what: str) -> Tuple[int, int]:
