@@ -1,7 +1,7 @@
 """Fixtures of the Python client's tests: a real lnormd (CPU backend) in a
 private folder, started once per session, and a client dialed to it.
 
-Environment (set by run.sh): LNORMD, the daemon's path; LNORM_LIBRARY,
+Environment (set by run.sh): LNORMD, the daemon's path (or LNORM_TEST_URL, one already serving); LNORM_LIBRARY,
 liblnorm; LNORM_TEST_SEED repeats a run's random data (printed at start)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ import lnorm
 
 @dataclass
 class Daemon:
-    proc: subprocess.Popen
+    proc: Optional[subprocess.Popen]
     folder: str
     urls: List[str]
     ipc_url: str
@@ -72,6 +72,10 @@ def stop_daemon(d: Daemon) -> int:
 
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
+    external = os.environ.get("LNORM_TEST_URL")
+    if external:  # a daemon started elsewhere (deploy/container/smoke.sh)
+        yield Daemon(None, "", [external], external, external, "")
+        return
     d = start_daemon()
     yield d
     log = d.log()
