@@ -5,9 +5,10 @@
 # Needs root, podman, runc and debootstrap (Debian packages); the Debian 12
 # base image is made locally with debootstrap, no image registry is used.
 #   deploy/container/smoke.sh BUILD_DIR     (a built tree: its lnorm CLI and venv-py)
-# Runtime: runc (crun refuses hybrid cgroup v1/v2 hosts); ulimits are passed
-# explicitly, as podman's own defaults exceed what an unprivileged
-# CAP_SYS_RESOURCE-less root may set.
+# --format docker keeps HEALTHCHECK (the OCI image format has none).
+# Runtime: runc (crun refuses hosts with hybrid cgroup v1/v2); ulimits are
+# given explicitly, as podman's defaults exceed what a root without
+# CAP_SYS_RESOURCE may set.
 set -euo pipefail
 build=$(readlink -f "${1:?usage: smoke.sh BUILD_DIR}")
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,7 +34,7 @@ if ! podman image exists "$base"; then
 fi
 
 echo "== building $image"
-"${pod[@]}" build --network host "${limits[@]}" --build-arg "BASE=$base" -f "$src/deploy/container/Containerfile.cpu" \
+"${pod[@]}" build --format docker --network host "${limits[@]}" --build-arg "BASE=$base" -f "$src/deploy/container/Containerfile.cpu" \
   --ignorefile "$src/deploy/container/containerignore" -t "$image" "$src"
 
 echo "== running it"
@@ -43,7 +44,8 @@ mkdir -m 0777 "$work/run"
 tcp=$(podman port "$name" 7878/tcp) http=$(podman port "$name" 7879/tcp)
 for _ in $(seq 100); do curl -fsS "http://$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fsS "http://$http/healthz" >/dev/null || { podman logs "$name"; echo "FAIL: /healthz"; exit 1; }
-podman healthcheck run "$name" && echo "healthcheck: healthy"
+podman healthcheck run "$name" || { echo "FAIL: HEALTHCHECK did not pass"; exit 1; }
+echo "healthcheck: healthy"
 [[ $(podman exec "$name" id -u) == 10001 ]] || { echo "FAIL: not running as uid 10001"; exit 1; }
 [[ $(podman top "$name" pid comm | awk 'NR==2 {print $1, $2}') == "1 lnormd" ]] ||
   { podman top "$name" pid comm; echo "FAIL: lnormd is not PID 1"; exit 1; }

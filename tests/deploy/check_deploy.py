@@ -66,7 +66,9 @@ def hadolint():
 def scripts_parse():
     for f in ("smoke.sh",):
         subprocess.run(["bash", "-n", os.path.join(container, f)], check=True)
-    subprocess.run([sys.executable, "-m", "py_compile", os.path.join(container, "load.py")], check=True)
+    path = os.path.join(container, "load.py")
+    with open(path) as f:
+        compile(f.read(), path, "exec")
 
 
 def run_lnormd(config: str) -> str:
