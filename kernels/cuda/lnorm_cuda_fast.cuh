@@ -161,6 +161,16 @@ template <typename F> __device__ __forceinline__ float centred(const float (&f)[
         return (f[k] - K) - d;
 }
 
+/* The rescue's value of element k of chunk f (rescale.h): t = (h - K) * sc
+ * (RMSNorm: h * sc; SHIFTED: f already holds h - K). */
+template <typename F> __device__ __forceinline__ float scaled(const float (&f)[F::VEC], int k, float K, float sc)
+{
+    if constexpr (F::RMS || F::SHIFTED)
+        return __fmul_rn(f[k], sc);
+    else
+        return __fmul_rn(f[k] - K, sc);
+}
+
 /* LayerNorm's first pass: this thread's part of sum(h - K) (SHIFTED: h - K
  * kept in fv for the later passes). Masked columns contribute 0. */
 template <typename F, typename Chunk, typename Fill>
@@ -301,9 +311,69 @@ __device__ __forceinline__ void fast_row(const uint4 (&raw)[F::NCH], const lnorm
     }
     sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
+    float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+    /* The rescue of a row whose sums overflowed or fell into the subnormals
+     * (rescale.h): both sums again over t = (h - K) * sc, in the same order
+     * and trees as above, so every kernel of the tier gives the same bits.
+     * Taken by all the rows that reduce together when one needs it. (Its
+     * code costs the kernels at their register limit some spills of loop
+     * state, run for every row: the SMR, RR and cluster kernels ran at
+     * 0.87-0.95 of their speed without it from H = 32768 up, H200; moved
+     * out of line or cut to one reduction it spilled as much.) */
+    const bool need = active && lnorm__rescale_needed(sq / (float)H, s->eps);
+    if (group_any<TPR, BLOCK>(need)) {
+        const float sc = lnorm__rescale_factor(sq / (float)H);
+        float ds = 0.0f;
+        if constexpr (!F::RMS) {
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                float f[VEC];
+                if (F::WH ? c0 < H : c0 + VEC <= H) {
+                    chunk(j, f);
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        a = __fadd_rn(a, scaled<F>(f, k, K, sc));
+                } else if (!F::WH) {
+                    chunk(j, f);
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        a = __fadd_rn(a, (c0 + k < H) ? scaled<F>(f, k, K, sc) : 0.0f);
+                }
+            }
+            a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
+            par++;
+            ds = a / (float)H;
+        }
+        float b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+            float f[VEC];
+            if (F::WH ? c0 < H : c0 + VEC <= H) {
+                chunk(j, f);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = F::RMS ? scaled<F>(f, k, K, sc) : __fsub_rn(scaled<F>(f, k, K, sc), ds);
+                    b = __fmaf_rn(e, e, b);
+                }
+            } else if (!F::WH) {
+                chunk(j, f);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? (F::RMS ? scaled<F>(f, k, K, sc) : __fsub_rn(scaled<F>(f, k, K, sc), ds)) : 0.0f;
+                    b = __fmaf_rn(e, e, b);
+                }
+            }
+        }
+        b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
+        par++;
+        if (need)
+            lnorm__rescaled(ds, b / (float)H, sc, s->eps, s->eps_mode, &d, &rstd);
+    }
     if (!active)
         return; /* nothing below synchronizes */
-    const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
     if (t == 0 && rank == 0) {
         if (s->mean)
             s->mean[r] = K + d;

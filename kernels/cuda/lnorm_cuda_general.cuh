@@ -214,7 +214,46 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         }
         sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
         par++;
-        const float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+        float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
+        /* The rescue (rescale.h), as fast_row does it: the same values in
+         * the same order and trees, so the same bits as the fast kernels. */
+        const bool need = cur.active && lnorm__rescale_needed(sq / (float)H, s->eps);
+        if (group_any<TPR, BLOCK>(need)) {
+            const float sc = lnorm__rescale_factor(sq / (float)H);
+            float ds = 0.0f;
+            if (RPC > 1 || !rms) {
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                    float f[VEC];
+                    unpack<TX, false>(raw[j], f);
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        a = __fadd_rn(a, (c0 + k < H) ? __fmul_rn(f[k] - K, sc) : 0.0f);
+                }
+                a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
+                par++;
+                if (!rms)
+                    ds = a / (float)H;
+            }
+            float b = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
+                float f[VEC];
+                unpack<TX, false>(raw[j], f);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? __fsub_rn(__fmul_rn(f[k] - K, sc), ds) : 0.0f;
+                    b = __fmaf_rn(e, e, b);
+                }
+            }
+            b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
+            par++;
+            if (need)
+                lnorm__rescaled(ds, b / (float)H, sc, s->eps, s->eps_mode, &d, &rstd);
+        }
         if (cur.active && t == 0 && rank == 0) {
             if (s->mean)
                 s->mean[cur.r] = K + d;
@@ -284,7 +323,37 @@ __global__ void __launch_bounds__(1024, 1) k_stream(const __grid_constant__ lnor
             }
             var = block_sum_1024(s2, buf) / (float)H;
         }
-        const float rstd = make_rstd(var, s->eps, s->eps_mode);
+        float rstd = make_rstd(var, s->eps, s->eps_mode);
+        if (lnorm__rescale_needed(var, s->eps)) { /* the rescue (rescale.h); one row a CTA: uniform */
+            const float sc = lnorm__rescale_factor(var);
+            float ds = 0.0f;
+            if (!rms) {
+                float sa = 0.0f, ca = 0.0f;
+                for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
+                    float f[VEC];
+                    unpack<TX, false>(load_raw<TX>(hr, c0, H, hal), f);
+                    float cs = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        cs = __fadd_rn(cs, (c0 + k < H) ? __fmul_rn(f[k] - K, sc) : 0.0f);
+                    kahan(sa, ca, cs);
+                }
+                ds = block_sum_1024(sa, buf) / (float)H;
+            }
+            float sb = 0.0f, cb = 0.0f;
+            for (int c0 = t * VEC; c0 < H; c0 += BLOCK * VEC) {
+                float f[VEC];
+                unpack<TX, false>(load_raw<TX>(hr, c0, H, hal), f);
+                float cs = 0.0f;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float e = (c0 + k < H) ? __fsub_rn(__fmul_rn(f[k] - K, sc), ds) : 0.0f;
+                    cs = __fmaf_rn(e, e, cs);
+                }
+                kahan(sb, cb, cs);
+            }
+            lnorm__rescaled(ds, block_sum_1024(sb, buf) / (float)H, sc, s->eps, s->eps_mode, &d, &rstd);
+        }
         if (t == 0) {
             if (s->mean)
                 s->mean[r] = K + d;

@@ -26,6 +26,7 @@
 
 #include "lnorm/types.h"
 #include "lnorm_cuda_impl.h"
+#include "rescale.h"
 
 namespace lnorm_cuda {
 
@@ -137,10 +138,11 @@ __device__ __forceinline__ const lnorm__kseg *find_seg(const lnorm__kparams &p, 
     return &p.table[lo];
 }
 
-/* rstd from the variance (or mean square), with eps inside or outside. */
+/* rstd from the variance (or mean square), with eps inside or outside
+ * (the formula every backend shares, rescale.h). */
 __device__ __forceinline__ float make_rstd(float var, float eps, int eps_mode)
 {
-    return eps_mode == LNORM_EPS_OUTSIDE ? 1.0f / (sqrtf(var) + eps) : 1.0f / sqrtf(var + eps);
+    return lnorm__rstd(var, eps, eps_mode);
 }
 
 /* The 16 bytes of one x chunk, as raw bits or as VEC elements. */

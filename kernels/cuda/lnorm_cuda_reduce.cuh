@@ -230,6 +230,21 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
     return x;
 }
 
+/* Whether v holds for any row of the threads that reduce together (every
+ * thread calls it, as group_sum): the rows of a warp (TPR <= 32, whose
+ * shuffles take the whole warp), of the CTA (32 < TPR < BLOCK, whose
+ * reductions take the CTA's barrier), or the one row of a CTA or cluster,
+ * for which v is the same in every thread already. */
+template <int TPR, int BLOCK> __device__ __forceinline__ bool group_any(bool v)
+{
+    if constexpr (TPR >= BLOCK)
+        return v;
+    else if constexpr (TPR <= 32)
+        return __any_sync(0xffffffffu, v);
+    else
+        return __syncthreads_or(v) != 0;
+}
+
 /* Kahan addition of v into (*s, *c). */
 __device__ __forceinline__ void kahan(float &s, float &c, float v)
 {

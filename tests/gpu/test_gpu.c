@@ -19,8 +19,12 @@
  *  7. Dynamic tiles (long-row kernels with a workspace): in the bulk
  *     pipeline runs, and over many fills a cluster (dyn_wrap) against
  *     float64 and bit-identical to the fixed-share runs.
- * Usage: test_gpu [--quick | --dyn]  (--quick: a reduced set for
- * compute-sanitizer; --dyn: part 7's many-fill runs alone)
+ *  8. Rows at the edges of fp32 (overflowing and subnormal sums) in every
+ *     tier against float64 and the CPU backend, bit-identical through
+ *     every kernel of the tier (edges).
+ * Usage: test_gpu [--quick | --dyn | --edges]  (--quick: a reduced set for
+ * compute-sanitizer; --dyn: part 7's many-fill runs alone; --edges: part 8
+ * alone)
  * Needs a GPU: exits 1 (never "passes") when none is usable.
  */
 #include <math.h>
@@ -770,6 +774,123 @@ static void dyn_wrap(lnorm_rng *g)
     printf("dynamic tiles, many fills a cluster: %s\n", check_failures() > f0 ? "FAIL" : "ok");
 }
 
+/* Rows at the edges of fp32 (kernels/core/rescale.h) in every tier: kind
+ * 0: one element of 1e30; 1: one element of 3e19; 2: a row of N(0, 1e19);
+ * 3: a row of N(0, 1e-22) with eps = 1e-45. Every other row is such a row,
+ * the rows between ordinary, so that rows that reduce together (a warp, a
+ * CTA) need the rescue or not. Each case against float64 (outputs
+ * poisoned) and the CPU backend, then bit-identical through every kernel
+ * of its tier: the general kernel (a zero residual), k_fast's aligned and
+ * re-read forms, the bulk kernels (forced, and with dynamic tiles). */
+static void edges(lnorm_rng *g, int quick)
+{
+    static const int64_t hs[] = {30, 100, 200, 300, 1000, 1500, 3000, 4096, 8000, 12000, 20000, 40000, 100000, 131072, 300000, 1048577};
+    static const struct {
+        const char *name;
+        int res, bulk, aligned, reread, dyn;
+    } runs[] = {{"default", 0, 1, 1, 1, 0},          {"general kernel (zero residual)", 1, 1, 1, 1, 0},
+                {"bulk off", 0, 0, 0, 0, 0},         {"aligned form, re-read form", 0, 0, 2, 2, 0},
+                {"bulk forced", 0, 2, 1, 1, 0},      {"bulk forced, dynamic tiles", 0, 2, 1, 1, 1}};
+    lnorm_cuda_ws *ws = NULL;
+    if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
+        CHECK_FAIL("edges: lnorm_cuda_ws_create");
+        return;
+    }
+    const int f0 = check_failures();
+    long cases = 0, nruns = 0;
+    for (int kind = 0; kind < 4; kind++)
+        for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+            for (int xi = 0; xi < 2; xi++)
+                for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++) {
+                    if (quick && (hi + (size_t)kind) % 3)
+                        continue;
+                    const int xdt = xi ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32;
+                    lnorm_test_case_cfg c = {.op = op, .x_dtype = xdt, .param_dtype = xdt, .rows = 6,
+                                             .hidden = hs[hi], .gamma = 1, .beta = op == LNORM_OP_LAYERNORM,
+                                             .residual = 1, .stats = 1, .eps = kind == 3 ? 1e-45f : 0.0f};
+                    if (c.hidden > 100000)
+                        c.rows = 3;
+                    const char *tdesc = "?";
+                    lnorm_cuda_tier(xdt, c.hidden, &tdesc);
+                    char label[200];
+                    snprintf(label, sizeof label, "edges kind=%d op=%s x=%s H=%lld tier=%s", kind,
+                             op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(xdt), (long long)c.hidden,
+                             tdesc);
+                    lnorm_test_case tc;
+                    if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
+                        CHECK_FAIL("%s: out of memory", label);
+                        continue;
+                    }
+                    cases++;
+                    memset(tc.residual, 0, tc.res_bytes); /* h = x + 0 = x */
+                    for (int64_t r = 0; r < c.rows; r += 2) {
+                        size_t row = (size_t)(r * tc.seg.x_stride);
+                        if (kind <= 1) {
+                            int64_t col = 1 + (r * 37 + 5) % (c.hidden - 1); /* never x[0] (lnorm_core.h) */
+                            lnorm_test_set(tc.x, xdt, row + (size_t)col, (r & 2 ? -1.0 : 1.0) * (kind ? 3e19 : 1e30));
+                        } else {
+                            for (int64_t k = 0; k < c.hidden; k++)
+                                lnorm_test_set(tc.x, xdt, row + (size_t)k,
+                                               (kind == 2 ? 1e19 : 1e-22) * lnorm_rng_normal(g));
+                        }
+                    }
+                    outs first;
+                    int have_first = 0;
+                    for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
+                        if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) ||
+                            lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned) ||
+                            lnorm_cuda_set_tuning("fast_reread", runs[ri].reread)) {
+                            CHECK_FAIL("%s: lnorm_cuda_set_tuning refused", label);
+                            break;
+                        }
+                        lnorm_test_case t2 = tc;
+                        if (!runs[ri].res) {
+                            t2.seg.residual = NULL;
+                            t2.seg.residual_out = NULL;
+                            t2.residual = NULL;
+                            t2.residual_out = NULL;
+                        }
+                        const char *why = NULL;
+                        int err = gpu_run_ws(&t2, 0, runs[ri].dyn ? ws : NULL, &why);
+                        nruns++;
+                        if (err) {
+                            CHECK_FAIL("%s (%s): %s (%s)", label, runs[ri].name, lnorm_errname(err), why ? why : "");
+                            break;
+                        }
+                        if (lnorm_test_check_segment(&t2.seg, NULL, label))
+                            CHECK_FAIL("%s (%s): wrong against the float64 reference", label, runs[ri].name);
+                        if (!have_first) {
+                            have_first = outs_take(&first, &t2) == 0;
+                            /* The CPU backend on the same inputs. */
+                            lnorm_test_case_repoison(&t2);
+                            if (have_first && lnorm_cpu_run_segment(g_cpu, &t2.seg, &why) == LNORM_OK) {
+                                lnorm_segment gs = t2.seg;
+                                gs.y = first.y;
+                                gs.residual_out = first.ro;
+                                gs.mean = first.mean;
+                                gs.rstd = first.rstd;
+                                if (lnorm_test_cmp_outputs(&gs, &t2.seg, label))
+                                    CHECK_FAIL("%s: GPU and CPU disagree", label);
+                            }
+                        } else {
+                            lnorm_test_case y_only = t2; /* (the first run wrote no residual_out) */
+                            y_only.residual_out = NULL;
+                            if (!outs_same(&first, &y_only))
+                                CHECK_FAIL("%s: %s differs from %s", label, runs[ri].name, runs[0].name);
+                        }
+                    }
+                    if (have_first)
+                        outs_free(&first);
+                    lnorm_test_case_free(&tc);
+                }
+    lnorm_cuda_set_tuning("bulk", 1);
+    lnorm_cuda_set_tuning("fast_aligned", 1);
+    lnorm_cuda_set_tuning("fast_reread", 1);
+    lnorm_cuda_ws_destroy(ws);
+    g_cases += cases;
+    printf("edges of fp32: %ld cases, %ld runs: %s\n", cases, nruns, check_failures() > f0 ? "FAIL" : "ok");
+}
+
 /* Bad input gets LNORM_EINVAL and runs nothing. */
 static void bad_input(void)
 {
@@ -853,6 +974,12 @@ int main(int argc, char **argv)
     }
     lnorm_rng g;
     lnorm_rng_seed(&g, 0x6e7d5eedu);
+    if (argc > 1 && !strcmp(argv[1], "--edges")) { /* this part alone */
+        edges(&g, 0);
+        lnorm_cpu_destroy(g_cpu);
+        printf("%ld cases\n", g_cases);
+        return check_finish("test_gpu --edges");
+    }
     if (argc > 1 && !strcmp(argv[1], "--dyn")) { /* this part alone */
         dyn_wrap(&g);
         lnorm_cpu_destroy(g_cpu);
@@ -864,6 +991,7 @@ int main(int argc, char **argv)
     fast_vs_general(&g, quick);
     bulk_pipeline(&g, quick);
     bulk_table(&g);
+    edges(&g, quick);
     if (!quick)
         dyn_wrap(&g);
     sweep(&g, quick);
