@@ -15,6 +15,11 @@ copy_fixed_gbs). Rows where lnormd and a peer are within 2% of each other
 time them again in alternating rounds (--rounds, --close) and compare
 medians (lnormd_rounds, <peer>_rounds in the JSON).
 
+With --previous LIB (the library of an earlier kernel tree), each row also
+times that library's lnormd on the same tensors, alternating with this one's
+in --prev-rounds rounds (lnormd_prev_build; lnormd_vs_prev = ratio of the
+medians; previous_build in the JSON sums them up).
+
 Writes kernels[-NAME].json (device, date, commit, every figure) and
 kernels[-NAME].png into --out (--name NAME, e.g. h200), and prints a table.
 Usage: python3 bench/kernels.py --lib build-sm90/kernels/cuda/liblnorm_cuda_bench.so --out DIR
@@ -102,8 +107,13 @@ def main():
     ap.add_argument("--close", type=float, default=0.02)
     ap.add_argument("--no-peers", action="store_true",
                     help="time lnormd only (no peers, no target verdicts)")
+    ap.add_argument("--previous", default=None,
+                    help="library of an earlier kernel tree, timed beside this one in alternating rounds")
+    ap.add_argument("--prev-commit", default="unknown", help="the commit --previous was built from")
+    ap.add_argument("--prev-rounds", type=int, default=3)
     a = ap.parse_args()
     lib = load_lib(a.lib)
+    prev = load_lib(a.previous) if a.previous else None
     dev = torch.cuda.get_device_name(0)
     stem = f"-{a.name}" if a.name else ""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -208,6 +218,18 @@ def main():
                 res["lnormd"] = gbs(triton.testing.do_bench(fn_time, return_mode="median"))
                 if call_y:
                     res["lnormd_fixed_y"] = gbs(triton.testing.do_bench(fn_l, return_mode="median"))
+                if prev is not None:
+                    # The earlier tree's kernels on the same tensors, rounds
+                    # alternating with this tree's, so that drift hits both.
+                    fn_p = lnormd_fn(prev, op, x, w, b, None if call_y else y)
+                    tn, tp = [], []
+                    for _ in range(a.prev_rounds):
+                        tn.append(gbs(triton.testing.do_bench(fn_time, return_mode="median")))
+                        tp.append(gbs(triton.testing.do_bench(fn_p, return_mode="median")))
+                    res["lnormd_prev_build"] = statistics.median(tp)
+                    res["lnormd_vs_prev"] = statistics.median(tn) / statistics.median(tp)
+                    res["lnormd_vs_prev_rounds"] = {"new": tn, "prev": tp}
+                    del fn_p
                 cp = copy_gbs[res["dtype"]]
                 res["copy"] = cp
                 if call_y:
@@ -228,7 +250,8 @@ def main():
                       + mid + f"vs copy {res['lnormd_vs_copy']:.2f} " + verdict
                       + f"(maxdiff {res['lnormd_maxdiff_vs_eager']:.3g})"
                       + (f" fixy {res['lnormd_fixed_y']:.0f}" if call_y else "")
-                      + (f" [medians of {a.rounds} rounds]" if "lnormd_rounds" in res else ""), flush=True)
+                      + (f" [medians of {a.rounds} rounds]" if "lnormd_rounds" in res else "")
+                      + (f" new/prev {res['lnormd_vs_prev']:.3f}" if prev is not None else ""), flush=True)
                 del fn_l, fn_time  # fn_l's closure holds y
                 del y
         del src
@@ -236,6 +259,13 @@ def main():
            "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
            "copy_gbs": copy_gbs, "copy_fixed_gbs": copy_fixed_gbs, "y": a.y, "torch": torch.__version__, "triton": triton.__version__,
            "torch_compile_seconds": compile_spent, "rows": rows}
+    if prev is not None:
+        r = sorted(row["lnormd_vs_prev"] for row in rows)
+        out["previous_build"] = {
+            "what": f"lnormd's kernels of commit {a.prev_commit} on the same tensors, {a.prev_rounds} rounds "
+                    "alternating with this build's, medians",
+            "commit": a.prev_commit,
+            "ratio_new_over_prev": {"min": r[0], "median": statistics.median(r), "max": r[-1]}}
     os.makedirs(a.out, exist_ok=True)
     jpath = os.path.join(a.out, f"kernels{stem}.json")
     with open(jpath, "w") as f:
