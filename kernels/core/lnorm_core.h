@@ -28,11 +28,13 @@
  *    exact, and mean, rstd and y come from those. Results are then as
  *    accurate as in the common case for finite elements whose differences
  *    |h - h[0]| stay below FLT_MAX and for a spread (LayerNorm: the
- *    standard deviation; RMSNorm: the RMS) down to 2^-114 (5e-35); below
- *    that, or where rstd itself leaves fp32's normal range (a spread above
- *    2^126 or, with eps outside, 1 / eps past 2^126), the outputs carry
+ *    standard deviation; RMSNorm: the RMS) from 2^-114 (5e-35) to 2^126
+ *    (where rstd leaves fp32's normal range); outside, the outputs carry
  *    fp32's subnormal rounding. An Inf or NaN element keeps its IEEE
  *    propagation (LayerNorm: a NaN row; RMSNorm with +-Inf: rstd = 0).
+ *  - LayerNorm's mean is K + d with K = h[0], so its error is about
+ *    2^-24 |h[0] - mean| (2e-6 of the spread for an outlier in the first
+ *    column of a row of 1000); y keeps its bound.
  *  - eps outside the sqrt must be >= FLT_MIN (1.17549435e-38): below, a
  *    constant row's rstd = 1 / eps is not a finite fp32 (validation
  *    refuses it, LNORM_CORE_MIN_EPS_OUTSIDE); inside the sqrt any eps > 0.

@@ -15,6 +15,9 @@
  *    the error stays a few units of fp32 rounding even for H = 2^18 (a
  *    plain running sum of the block sums is kept too and used when it is
  *    not finite, so Inf/NaN propagate as in an uncompensated sum);
+ *  - a row whose var overflowed or is too small for fp32's subnormals
+ *    (lnorm__rescale_needed) gets d and rstd again from the same sums over
+ *    (h - K) scaled by a power of two (kernels/core/rescale.h), out of line;
  *  - y = ((h - K) - d) * rstd * gamma[c] + beta[c].
  */
 #ifndef LNORM_CPU_ROWS_H
