@@ -119,7 +119,7 @@ typedef struct lnorm__backend_ops {
      * device; *p is its device pointer. LNORM_OK or an error with why. */
     int (*ipc_open)(lnorm__backend *be, const void *handle, size_t len, uint32_t device, uint64_t bytes, void **p,
                     char *why, size_t n);
-    void (*ipc_close)(lnorm__backend *be, void *p);
+    void (*ipc_close)(lnorm__backend *be, void *p, uint32_t device);
 } lnorm__backend_ops;
 
 /* Base of every backend object: a backend's struct starts with this. */

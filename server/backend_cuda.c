@@ -135,6 +135,10 @@ typedef struct lnorm__cuda_gpu {
     int sync_ok;           /* mu, cvs initialised */
     int worker_started, completer_started;
     pthread_t worker, completer;
+    /* Jobs on device memory (CUDA IPC regions): run one at a time on their
+     * own stream, by the thread that submits them. */
+    pthread_mutex_t dev_mu;
+    cudaStream_t dev_stream;   /* NULL until the first such job */
 } lnorm__cuda_gpu;
 
 struct lnorm__cuda_be {
@@ -661,11 +665,53 @@ static void *lnorm__cuda_completer(void *arg)
     return NULL;
 }
 
+static lnorm__cuda_gpu *lnorm__cuda_gpu_of(lnorm__cuda_be *be, int dev)
+{
+    for (int i = 0; i < be->ngpus; i++)
+        if (be->gpus[i].dev == dev)
+            return &be->gpus[i];
+    return NULL;
+}
+
+/* A job whose segments are all memory of GPU job->device: no copy, the
+ * kernels run on it in place (synchronously, on the caller's thread: such
+ * jobs are large, one request each). */
+static int lnorm__cuda_run_device(lnorm__cuda_be *be, lnorm__job *job)
+{
+    lnorm__cuda_gpu *g = lnorm__cuda_gpu_of(be, job->device);
+    if (!g)
+        return LNORM_ENODEV;
+    uint64_t t0 = lnorm__cuda_now();
+    const char *why = NULL;
+    int rc = LNORM_OK;
+    pthread_mutex_lock(&g->dev_mu);
+    if (cudaSetDevice(g->dev) != cudaSuccess ||
+        (!g->dev_stream && cudaStreamCreateWithFlags(&g->dev_stream, cudaStreamNonBlocking) != cudaSuccess)) {
+        cudaGetLastError();
+        why = "cudaStreamCreateWithFlags (device jobs)";
+        rc = LNORM_ECUDA;
+    }
+    for (size_t i = 0; rc == LNORM_OK && i < job->batch.nsegs; i++)
+        rc = lnorm_cuda_run_segment(&job->batch.segs[i], g->dev_stream, &why);
+    if (rc == LNORM_OK && cudaStreamSynchronize(g->dev_stream) != cudaSuccess) {
+        cudaGetLastError();
+        why = "cudaStreamSynchronize (device job)";
+        rc = LNORM_ECUDA;
+    }
+    pthread_mutex_unlock(&g->dev_mu);
+    if (rc != LNORM_OK)
+        atomic_fetch_add_explicit(&be->n_errors, 1, memory_order_relaxed);
+    job->done(job, rc, rc == LNORM_OK ? NULL : why, lnorm__cuda_now() - t0);
+    return LNORM_OK;
+}
+
 static int lnorm__cuda_submit(lnorm__backend *base, lnorm__job *job)
 {
     lnorm__cuda_be *be = (lnorm__cuda_be *)base;
     if (atomic_load_explicit(&be->stopping, memory_order_acquire))
         return LNORM_EUNAVAIL;
+    if (job->on_device)
+        return lnorm__cuda_run_device(be, job);
     /* The GPU with the fewest jobs in hand (a racy read is fine: it only
      * spreads the load). */
     lnorm__cuda_gpu *g = &be->gpus[0];
@@ -806,6 +852,64 @@ static void lnorm__cuda_host_unregister(lnorm__backend *base, void *p)
         cudaGetLastError();
 }
 
+/* cuMemGetAddressRange, from the driver through the runtime (no libcuda
+ * link): the allocation an IPC handle opened, to bound a client's region. */
+typedef int (*lnorm__addr_range_fn)(unsigned long long *base, size_t *size, unsigned long long dptr);
+
+static int lnorm__cuda_ipc_open(lnorm__backend *base, const void *handle, size_t len, uint32_t device,
+                                uint64_t bytes, void **out, char *why, size_t n)
+{
+    lnorm__cuda_be *be = (lnorm__cuda_be *)base;
+    lnorm__cuda_gpu *g = lnorm__cuda_gpu_of(be, (int)device);
+    if (!g) {
+        snprintf(why, n, "register_region.cuda_device: GPU %u is not one of this lnormd's", device);
+        return LNORM_ENODEV;
+    }
+    cudaIpcMemHandle_t h;
+    if (len != sizeof h) {
+        snprintf(why, n, "register_region.cuda_ipc_handle: %zu bytes, expected %zu", len, sizeof h);
+        return LNORM_EINVAL;
+    }
+    memcpy(&h, handle, sizeof h);
+    void *p = NULL;
+    cudaError_t e = cudaSetDevice(g->dev);
+    if (e == cudaSuccess)
+        e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        snprintf(why, n, "register_region.cuda_ipc_handle: cudaIpcOpenMemHandle: %s", cudaGetErrorString(e));
+        cudaGetLastError();
+        return LNORM_EINVAL;
+    }
+    /* The client names the size; the driver knows it. A region that
+     * claimed more would let requests reach past the allocation. */
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    unsigned long long b0 = 0;
+    size_t sz = 0;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        !fn || ((lnorm__addr_range_fn)fn)(&b0, &sz, (unsigned long long)(uintptr_t)p) != 0) {
+        cudaGetLastError();
+        cudaIpcCloseMemHandle(p);
+        snprintf(why, n, "register_region: the allocation's size cannot be read from the driver");
+        return LNORM_ECUDA;
+    }
+    if ((unsigned long long)(uintptr_t)p < b0 || bytes > b0 + sz - (unsigned long long)(uintptr_t)p) {
+        cudaIpcCloseMemHandle(p);
+        snprintf(why, n, "register_region.bytes: %llu, but the allocation has %llu bytes from the handle's address",
+                 (unsigned long long)bytes, (unsigned long long)(b0 + sz - (unsigned long long)(uintptr_t)p));
+        return LNORM_EINVAL;
+    }
+    *out = p;
+    return LNORM_OK;
+}
+
+static void lnorm__cuda_ipc_close(lnorm__backend *base, void *p, uint32_t device)
+{
+    (void)base;
+    if (cudaSetDevice((int)device) != cudaSuccess || cudaIpcCloseMemHandle(p) != cudaSuccess)
+        cudaGetLastError();
+}
+
 static int lnorm__cuda_devices(lnorm__backend *base, lnorm__device_info *out, int max)
 {
     lnorm__cuda_be *be = (lnorm__cuda_be *)base;
@@ -902,7 +1006,13 @@ static void lnorm__cuda_free_gpu(lnorm__cuda_gpu *g)
         free(g->slots);
         g->slots = NULL;
     }
+    if (g->dev_stream) {
+        cudaSetDevice(g->dev);
+        cudaStreamDestroy(g->dev_stream);
+        g->dev_stream = NULL;
+    }
     if (g->sync_ok) {
+        pthread_mutex_destroy(&g->dev_mu);
         pthread_cond_destroy(&g->cv_fifo);
         pthread_cond_destroy(&g->cv_slot);
         pthread_cond_destroy(&g->cv_q);
@@ -940,7 +1050,7 @@ static void lnorm__cuda_destroy(lnorm__backend *base)
 
 static const lnorm__backend_ops lnorm__cuda_ops = {
     .name = "cuda",
-    .caps = LNORM__BACKEND_CAP_PINNED_BUFFERS,
+    .caps = LNORM__BACKEND_CAP_PINNED_BUFFERS | LNORM__BACKEND_CAP_DEVICE_SEGMENTS,
     .submit = lnorm__cuda_submit,
     .buf_alloc = lnorm__cuda_buf_alloc,
     .buf_free = lnorm__cuda_buf_free,
@@ -951,6 +1061,8 @@ static const lnorm__backend_ops lnorm__cuda_ops = {
     .describe = lnorm__cuda_describe,
     .host_register = lnorm__cuda_host_register,
     .host_unregister = lnorm__cuda_host_unregister,
+    .ipc_open = lnorm__cuda_ipc_open,
+    .ipc_close = lnorm__cuda_ipc_close,
 };
 
 /* Make dev current with the completion wait policy as its scheduling flag.
@@ -1004,6 +1116,7 @@ static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev,
         pthread_mutex_destroy(&g->mu);
         return LNORM_ENOMEM;
     }
+    pthread_mutex_init(&g->dev_mu, NULL);
     g->sync_ok = 1;
     int rc = lnorm__cuda_open_device(be, g, dev);
     if (rc)

@@ -121,6 +121,9 @@ static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const ln
         if (!isfinite(eps) || !(eps > 0.0f))
             return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.eps: %g is not finite and > 0", (double)eps);
     }
+    const char *ewhy = NULL;
+    if (lnorm_eps_validate(eps, (int)n->eps_mode, &ewhy) != LNORM_OK)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.%s", ewhy);
     if (n->rows < 1)
         return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize.rows: must be >= 1");
     if (n->hidden < 1)
@@ -281,6 +284,9 @@ int lnorm__codec_decode_sqe(const lnorm_ring_sqe *q, uint64_t region, const lnor
         eps = LNORM_DEFAULT_EPS;
     if (!isfinite(eps) || !(eps > 0.0f))
         return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.eps: %g is not finite and > 0", (double)eps);
+    const char *ewhy = NULL;
+    if (lnorm_eps_validate(eps, q->eps_mode, &ewhy) != LNORM_OK)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.%s", ewhy);
     if (q->reserved0 || q->reserved1 || q->reserved2)
         return lnorm__fail(err, errlen, LNORM_EINVAL, "sqe.reserved: must be 0");
     if (q->rows < 1 || q->hidden < 1)

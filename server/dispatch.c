@@ -328,6 +328,55 @@ static void lnorm__chunk_done(lnorm__daemon *d, lnorm__req *c, int err, const ch
     free(g);
 }
 
+/* A request on GPU memory (CUDA IPC regions): a job of its own, straight
+ * to the backend, computed where it lies (no copy, nothing to batch). */
+typedef struct lnorm__devjob {
+    lnorm__job job;
+    lnorm_segment seg;
+    lnorm__req *r;
+    lnorm__daemon *d;
+} lnorm__devjob;
+
+static void lnorm__devjob_done(lnorm__job *job, int err, const char *why, uint64_t compute_ns)
+{
+    lnorm__devjob *dj = (lnorm__devjob *)job;
+    lnorm__timing t = {0};
+    uint64_t now = lnorm__now_ns();
+    t.compute_us = compute_ns / 1000;
+    t.queue_us = now - dj->r->recv_ns > compute_ns ? (now - dj->r->recv_ns - compute_ns) / 1000 : 0;
+    t.batch_rows = (uint32_t)dj->r->rows;
+    t.batch_requests = 1;
+    if (err == LNORM_OK)
+        atomic_fetch_add(&dj->d->stats.rows, dj->r->rows);
+    lnorm__reply_done(dj->d, dj->r, err, why, &t);
+    free(dj);
+}
+
+static int lnorm__submit_device(lnorm__daemon *d, lnorm__req *r, char *err, size_t errlen)
+{
+    lnorm__devjob *dj = calloc(1, sizeof *dj);
+    if (!dj) {
+        snprintf(err, errlen, "out of memory");
+        return LNORM_ENOMEM;
+    }
+    dj->seg = r->dec.seg;
+    dj->r = r;
+    dj->d = d;
+    dj->job.batch.segs = &dj->seg;
+    dj->job.batch.nsegs = 1;
+    dj->job.rows = r->rows;
+    dj->job.bytes = r->bytes;
+    dj->job.done = lnorm__devjob_done;
+    dj->job.on_device = 1;
+    dj->job.device = r->gpu;
+    int rc = d->be->ops->submit(d->be, &dj->job);
+    if (rc != LNORM_OK) {
+        free(dj);
+        snprintf(err, errlen, "the backend did not take the GPU job: %s", lnorm_strerror(rc));
+    }
+    return rc;
+}
+
 /* Normalize: resolve params and tensors by reference, allocate the other
  * outputs, queue. Takes r (with dec and dec.src, the message it may borrow
  * from); peer is the sender (socket requests) or NULL (ring requests,
@@ -402,7 +451,10 @@ static void lnorm__normalize_req(lnorm__daemon *d, lnorm__req *r, const lnorm__p
                 r->bytes += dec->ref[t].bytes;
         r->priority = dec->priority;
         r->max_queue_us = dec->max_queue_us;
-        if (r->rows > 1 && r->bytes > LNORM__SHM_CHUNK_BYTES && lnorm__all_by_ref(dec) && !s->residual == !s->residual_out)
+        if (r->on_device)
+            rc = lnorm__submit_device(d, r, err, sizeof err);
+        else if (r->rows > 1 && r->bytes > LNORM__SHM_CHUNK_BYTES && lnorm__all_by_ref(dec) &&
+                 !s->residual == !s->residual_out)
             rc = lnorm__submit_split(d, r, err, sizeof err);
         else
             rc = lnorm__batcher_submit(d->batcher, r, err, sizeof err);
@@ -597,10 +649,11 @@ static void lnorm__reply_done(lnorm__daemon *d, lnorm__req *r, int err, const ch
             snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
         else
             atomic_fetch_add(&d->stats.normalize_ok, 1);
+        lnorm__timing tc = *t; /* (t may be r's own: copied before r goes) */
         lnorm__req_free(d, r);
         lnorm__stats_reply(&d->stats, lnorm_err_to_status(err));
         atomic_fetch_sub(&d->stats.inflight, 1);
-        lnorm__ring_complete(ring, id, err, err != LNORM_OK ? msg : NULL, t);
+        lnorm__ring_complete(ring, id, err, err != LNORM_OK ? msg : NULL, &tc);
         return;
     }
     if (err != LNORM_OK) {

@@ -66,7 +66,7 @@ static void lnorm__region_free(lnorm__region *r)
     lnorm__backend *be = r->rs->be;
     if (r->device) {
         if (be->ops->ipc_close)
-            be->ops->ipc_close(be, r->base);
+            be->ops->ipc_close(be, r->base, r->gpu);
     } else {
         if (r->pinned && be->ops->host_unregister)
             be->ops->host_unregister(be, r->base);
@@ -278,7 +278,7 @@ int lnorm__regions_register_device(lnorm__regions *rs, const lnorm__peer *peer, 
         return rc;
     lnorm__region *r = calloc(1, sizeof *r);
     if (!r) {
-        be->ops->ipc_close(be, p);
+        be->ops->ipc_close(be, p, device);
         snprintf(why, n, "out of memory");
         return LNORM_ENOMEM;
     }
@@ -288,6 +288,7 @@ int lnorm__regions_register_device(lnorm__regions *rs, const lnorm__peer *peer, 
     r->base = p;
     r->bytes = bytes;
     r->device = 1;
+    r->gpu = device;
     r->rs = rs;
     atomic_init(&r->refs, 1);
     atomic_init(&r->requests, 0);

@@ -46,6 +46,7 @@ typedef struct lnorm__region {
     unsigned char *base;       /* host: mapped here; device: the device pointer */
     uint64_t bytes;
     int device;                /* a CUDA IPC region */
+    uint32_t gpu;              /* device: the GPU it lives on */
     int pinned;                /* host: registered with the backend for DMA */
     atomic_int refs;           /* the table's + one per request or ring using it */
     atomic_uint_fast64_t requests; /* requests in flight using it */

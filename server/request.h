@@ -27,6 +27,8 @@ typedef struct lnorm__req {
     struct lnorm__group *group; /* one chunk of a larger request, or NULL */
     struct lnorm__region *rg[8]; /* regions its tensors lie in (references) */
     int nrg;
+    int on_device;            /* every tensor is memory of GPU `gpu` (CUDA IPC regions) */
+    int gpu;
     lnorm__decoded dec;       /* the message; dec.seg has inputs AND outputs set */
     lnorm__pset *pset;        /* registered params in use, or NULL */
     uint64_t recv_ns;         /* receipt (monotonic) */

@@ -113,9 +113,10 @@ int lnorm__shm_resolve(lnorm__daemon *d, lnorm__req *r, const lnorm__peer *peer,
             r->rg[r->nrg++] = rg;
             atomic_fetch_add(&rg->requests, 1);
         }
-        if (rg->device) {
-            snprintf(why, n, "%s: region %llu is GPU memory; every tensor of the request must then be in GPU "
-                     "regions", lnorm__tnames[t], (unsigned long long)f->region);
+        /* GPU memory (CUDA IPC): all or nothing, one GPU. */
+        if (rg->device != r->rg[0]->device || (rg->device && rg->gpu != r->rg[0]->gpu)) {
+            snprintf(why, n, "%s: region %llu: a request's tensors must all be in host regions or all in "
+                     "regions of one GPU", lnorm__tnames[t], (unsigned long long)f->region);
             return LNORM_EINVAL;
         }
         char what[48];
@@ -123,6 +124,21 @@ int lnorm__shm_resolve(lnorm__daemon *d, lnorm__req *r, const lnorm__peer *peer,
         p[t] = lnorm__region_at(rg, f->offset, f->bytes, f->align, what, why, n);
         if (!p[t])
             return LNORM_EINVAL;
+    }
+    if (r->nrg && r->rg[0]->device) {
+        if (!(d->be->ops->caps & LNORM__BACKEND_CAP_DEVICE_SEGMENTS)) {
+            snprintf(why, n, "GPU regions: the %s backend cannot compute on GPU memory", d->be->ops->name);
+            return LNORM_ENOTSUP;
+        }
+        if (dec->in_bytes || dec->params_id || !dec->ref[LNORM__T_Y].set ||
+            (dec->want_mean && !dec->ref[LNORM__T_MEAN].set) || (dec->want_rstd && !dec->ref[LNORM__T_RSTD].set) ||
+            (dec->res_out_bytes && !dec->ref[LNORM__T_RES_OUT].set)) {
+            snprintf(why, n, "GPU regions: every input and output of the request must be in them (no inline "
+                     "bytes, no params_id)");
+            return LNORM_EINVAL;
+        }
+        r->on_device = 1;
+        r->gpu = (int)r->rg[0]->gpu;
     }
     lnorm_segment *s = &dec->seg;
     if (p[LNORM__T_X])

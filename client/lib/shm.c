@@ -41,7 +41,7 @@ struct lnorm_ring {
 struct lnorm_shm {
     lnorm_shm *next;
     lnorm_client *c;
-    int fd;
+    int fd;                    /* -1: GPU memory (CUDA IPC), the caller's */
     unsigned char *base;
     size_t bytes;
     uint64_t id;
@@ -185,6 +185,59 @@ int lnorm_shm_create(lnorm_client *c, size_t bytes, lnorm_shm **out, lnorm_resul
     return LNORM_OK;
 }
 
+int lnorm_shm_register_cuda(lnorm_client *c, const void *handle, size_t handle_len, int device, void *dev_ptr,
+                            size_t bytes, lnorm_shm **out, lnorm_result *res)
+{
+    if (!c || !handle || handle_len != 64 || device < 0 || !dev_ptr || !bytes || !out)
+        return fail(res, LNORM_EINVAL, "%s", "a 64-byte CUDA IPC handle, a device, a pointer and a size are needed");
+    *out = NULL;
+    lnorm_shm *s = calloc(1, sizeof *s);
+    if (!s)
+        return fail(res, LNORM_ENOMEM, "%s", "out of memory");
+    s->c = c;
+    s->fd = -1;
+    s->base = dev_ptr;
+    s->bytes = bytes;
+    lnorm__call *call;
+    shm_call *st;
+    int rv = shm_new(c, &call, &st);
+    if (rv == LNORM_OK) {
+        Lnorm__V1__RegisterRegionRequest reg = LNORM__V1__REGISTER_REGION_REQUEST__INIT;
+        st->reg = reg;
+        st->reg.bytes = bytes;
+        st->reg.cuda_ipc_handle.data = (uint8_t *)handle;
+        st->reg.cuda_ipc_handle.len = handle_len;
+        st->reg.cuda_device = (uint32_t)device;
+        st->region_out = &s->id;
+        st->req.body_case = LNORM__V1__REQUEST__BODY_REGISTER_REGION;
+        st->req.register_region = &st->reg;
+        rv = lnorm__call_sync(call, res);
+    } else {
+        fail(res, rv, "%s", lnorm_strerror(rv));
+    }
+    if (rv != LNORM_OK) {
+        free(s);
+        return rv;
+    }
+    nng_mtx_lock(c->mtx);
+    s->next = c->shms;
+    c->shms = s;
+    nng_mtx_unlock(c->mtx);
+    *out = s;
+    return LNORM_OK;
+}
+
+/* Release what lnorm_shm_create made here (nothing for GPU memory). */
+static void shm_unmap(lnorm_shm *s)
+{
+    free(s->ring);
+    if (s->fd >= 0) {
+        munmap(s->base, s->bytes);
+        close(s->fd);
+    }
+    free(s);
+}
+
 void *lnorm_shm_data(const lnorm_shm *s)
 {
     return s ? s->base : NULL;
@@ -226,10 +279,7 @@ int lnorm_shm_destroy(lnorm_shm *s, lnorm_result *res)
         fail(res, rv, "%s", lnorm_strerror(rv));
     }
     /* (lnormd keeps its own mapping while requests still use it.) */
-    free(s->ring);
-    munmap(s->base, s->bytes);
-    close(s->fd);
-    free(s);
+    shm_unmap(s);
     return rv;
 }
 
@@ -238,10 +288,7 @@ void lnorm__shm_forget_all(lnorm_client *c)
     while (c->shms) {
         lnorm_shm *s = c->shms;
         c->shms = s->next;
-        free(s->ring);
-        munmap(s->base, s->bytes);
-        close(s->fd);
-        free(s);
+        shm_unmap(s);
     }
 }
 
@@ -387,6 +434,8 @@ int lnorm_ring_attach(lnorm_shm *s, size_t offset, uint32_t entries, lnorm_ring 
         return fail(res, LNORM_EINVAL, "%s", "region or out is NULL");
     if (s->ring)
         return fail(res, LNORM_EEXIST, "%s", "this region has a ring already");
+    if (s->fd < 0)
+        return fail(res, LNORM_EINVAL, "%s", "a ring needs a host region (this one is GPU memory)");
     if (entries < LNORM_RING_MIN_ENTRIES || entries > LNORM_RING_MAX_ENTRIES || (entries & (entries - 1)) ||
         offset % 64 || offset > s->bytes || lnorm_ring_bytes(entries) > s->bytes - offset)
         return fail(res, LNORM_EINVAL, "%s", "entries must be a power of two in 2..65536, offset a multiple of 64, "

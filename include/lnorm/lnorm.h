@@ -277,6 +277,15 @@ typedef struct lnorm_shm lnorm_shm;
  * and register it with the daemon. LNORM_EPERM when the daemon does not
  * allow this caller shared memory (res says why). */
 int lnorm_shm_create(lnorm_client *c, size_t bytes, lnorm_shm **out, lnorm_result *res);
+/* Register GPU memory of this process with the daemon (CUDA IPC): handle
+ * is the cudaIpcMemHandle_t (handle_len 64) of the allocation holding
+ * [dev_ptr, dev_ptr + bytes) on GPU device (dev_ptr is where the handle's
+ * allocation starts here). Requests whose tensors all lie in such regions
+ * of one GPU are computed there in place, with no copy. The region is the
+ * caller's memory: lnorm_shm_destroy only unregisters it. liblnorm itself
+ * does not use CUDA. */
+int lnorm_shm_register_cuda(lnorm_client *c, const void *handle, size_t handle_len, int device, void *dev_ptr,
+                            size_t bytes, lnorm_shm **out, lnorm_result *res);
 /* The region's memory, size and id (as the daemon knows it). */
 void *lnorm_shm_data(const lnorm_shm *s);
 size_t lnorm_shm_size(const lnorm_shm *s);

@@ -550,6 +550,19 @@ static int test_faults(const char *lnormd)
     /* The size must be the memfd's. */
     CHECK(raw_register(sk, fd, 1 << 17, NULL, msg, sizeof msg) == 3 && strstr(msg, "bytes"),
           "size mismatch: INVALID_ARGUMENT: %s", msg);
+    /* GPU memory (CUDA IPC) on a backend without GPU memory: refused. */
+    {
+        lnorm_client *c = open_client(daemon_.ipc_url);
+        char handle[64] = {1};
+        lnorm_shm *gs = NULL;
+        lnorm_result res;
+        int rv = lnorm_shm_register_cuda(c, handle, sizeof handle, 0, handle, 4096, &gs, &res);
+        CHECK(rv == LNORM_ENOTSUP && strstr(res.message, "cpu"), "CUDA IPC on the cpu backend: ENOTSUP: %s: %s",
+              lnorm_strerror(rv), res.message);
+        rv = lnorm_shm_register_cuda(c, handle, 63, 0, handle, 4096, &gs, &res);
+        CHECK(rv == LNORM_EINVAL, "a 63-byte handle is refused by the library");
+        lnorm_client_close(c);
+    }
     uint64_t id = 0;
     CHECK(raw_register(sk, fd, 1 << 16, &id, msg, sizeof msg) == 0 && id, "sealed memfd registered: %s", msg);
     CHECK(ftruncate(fd, 4096) != 0, "a sealed region cannot shrink under lnormd");

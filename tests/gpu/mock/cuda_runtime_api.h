@@ -27,6 +27,11 @@ enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 #define cudaDeviceMapHost 8
 #define cudaInitDeviceFlagsAreValid 1
 #define cudaHostAllocPortable 1
+#define cudaHostRegisterPortable 1
+#define cudaIpcMemLazyEnablePeerAccess 1
+#define cudaEnableDefault 0
+typedef struct cudaIpcMemHandle_st { char reserved[64]; } cudaIpcMemHandle_t;
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1 };
 struct cudaDeviceProp { char name[256]; int major, minor; size_t totalGlobalMem; };
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int d);
@@ -40,6 +45,12 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned f);
 cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned f);
+cudaError_t cudaHostUnregister(void *p);
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned f);
+cudaError_t cudaIpcCloseMemHandle(void *p);
+cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned v, unsigned long long f,
+                                             enum cudaDriverEntryPointQueryResult *q);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);

@@ -73,6 +73,21 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) { (void)s; retur
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { op *o = calloc(1, sizeof *o); o->kind = 4; o->d = p; push(s, o); return cudaSuccess; }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned f) { (void)f; *p = malloc(n); if (*p) memset(*p, 0x5A, n); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+/* Host memory is what the mock's "device" reads anyway: registering is a no-op. */
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned f) { (void)p; (void)n; (void)f; return cudaSuccess; }
+cudaError_t cudaHostUnregister(void *p) { (void)p; return cudaSuccess; }
+/* No other process's GPU memory in a mock. */
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned f) { (void)h; (void)f; *p = NULL; return cudaErrorLaunchFailure; }
+cudaError_t cudaIpcCloseMemHandle(void *p) { (void)p; return cudaSuccess; }
+cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned v, unsigned long long f,
+                                             enum cudaDriverEntryPointQueryResult *q)
+{
+    (void)sym; (void)v; (void)f;
+    *fn = NULL;
+    if (q)
+        *q = cudaDriverEntryPointSymbolNotFound;
+    return cudaErrorLaunchFailure;
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned f)
 {
     (void)f;
@@ -136,4 +151,9 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
     o->segs = malloc(b->nsegs * sizeof *o->segs); memcpy(o->segs, b->segs, b->nsegs * sizeof *o->segs);
     push((struct mock_stream *)stream, o);
     return LNORM_OK;
+}
+int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why)
+{
+    lnorm_batch b = {s, 1};
+    return lnorm_cuda_run(&b, stream, NULL, why);
 }

@@ -1,0 +1,296 @@
+/*
+ * lnorm-ipc-bench: a client whose tensors live on the GPU hands them to
+ * lnormd by CUDA IPC (lnorm_shm_register_cuda) and has them normalized in
+ * place, no PCIe. Against a running lnormd (--backend cuda --allow-shm):
+ *
+ *   1. checks: y, mean, rstd of a LayerNorm (gamma, beta) and an RMSNorm
+ *      against float64, outputs poisoned on the device first; a region
+ *      claiming more bytes than its allocation is refused;
+ *   2. measures: end-to-end time of one request on a large tensor (message
+ *      out, kernel, reply back), as GB/s of x read + y written, beside a
+ *      device-to-device copy of the same bytes on the same GPU (the HBM
+ *      ceiling), in one run; prints both and writes JSON (--json).
+ *
+ *   lnorm-ipc-bench --url ipc:///path [--gpu 0] [--rows R --hidden H]
+ *                   [--dtype bf16|f16|f32] [--iters N] [--json FILE] [--commit C]
+ * Exit status 0 only when every check passed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "check.h"
+#include "lnorm/lnorm.h"
+#include "testutil.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define CU(call)                                                                                            \
+    do {                                                                                                    \
+        cudaError_t e_ = (call);                                                                            \
+        if (e_ != cudaSuccess) {                                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));         \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+typedef struct dev_case {
+    int op, dt;
+    uint64_t rows, hidden;
+    size_t xb, yb, pb, sb;
+    unsigned char *d;          /* one allocation: x, y, gamma, beta, mean, rstd */
+    size_t off_x, off_y, off_g, off_b, off_m, off_r, total;
+    void *hx, *hg, *hb;        /* host copies of the inputs */
+} dev_case;
+
+static size_t up(size_t n)
+{
+    return (n + 255) / 256 * 256;
+}
+
+static void case_make(dev_case *c, int op, int dt, uint64_t rows, uint64_t hidden, lnorm_rng *g)
+{
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    c->dt = dt;
+    c->rows = rows;
+    c->hidden = hidden;
+    c->xb = c->yb = rows * hidden * lnorm_dtype_size(dt);
+    c->pb = hidden * 4;
+    c->sb = rows * 4;
+    c->off_y = up(c->xb);
+    c->off_g = c->off_y + up(c->yb);
+    c->off_b = c->off_g + up(c->pb);
+    c->off_m = c->off_b + up(c->pb);
+    c->off_r = c->off_m + up(c->sb);
+    c->total = c->off_r + up(c->sb);
+    CU(cudaMalloc((void **)&c->d, c->total));
+    c->hx = malloc(c->xb);
+    c->hg = malloc(c->pb);
+    c->hb = malloc(c->pb);
+    if (!c->hx || !c->hg || !c->hb)
+        exit(1);
+    lnorm_test_fill(g, c->hx, dt, rows * hidden, 0.5, 2.0);
+    lnorm_test_fill(g, c->hg, LNORM_DTYPE_F32, hidden, 1.0, 0.3);
+    lnorm_test_fill(g, c->hb, LNORM_DTYPE_F32, hidden, 0.0, 0.3);
+    CU(cudaMemcpy(c->d + c->off_x, c->hx, c->xb, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->d + c->off_g, c->hg, c->pb, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->d + c->off_b, c->hb, c->pb, cudaMemcpyHostToDevice));
+}
+
+static void case_free(dev_case *c)
+{
+    cudaFree(c->d);
+    free(c->hx);
+    free(c->hg);
+    free(c->hb);
+}
+
+static void req_of(lnorm_normalize_req *q, const dev_case *c, int affine, int stats)
+{
+    lnorm_normalize_req_init(q, (lnorm_op)c->op, (lnorm_dtype)c->dt, c->rows, c->hidden);
+    q->x = c->d + c->off_x;
+    q->y = c->d + c->off_y;
+    if (affine) {
+        q->param_dtype = LNORM_DTYPE_F32;
+        q->gamma = c->d + c->off_g;
+        q->beta = c->d + c->off_b;
+    }
+    if (stats) {
+        q->want_stats = 1;
+        q->rstd = (float *)(void *)(c->d + c->off_r);
+        if (c->op == LNORM_OP_LAYERNORM)
+            q->mean = (float *)(void *)(c->d + c->off_m);
+    }
+}
+
+static lnorm_shm *register_case(lnorm_client *cl, const dev_case *c, int gpu, size_t bytes, lnorm_result *res)
+{
+    cudaIpcMemHandle_t h;
+    CU(cudaIpcGetMemHandle(&h, c->d));
+    lnorm_shm *s = NULL;
+    if (lnorm_shm_register_cuda(cl, &h, sizeof h, gpu, c->d, bytes, &s, res) != LNORM_OK)
+        return NULL;
+    return s;
+}
+
+/* One request, outputs poisoned first, checked against float64. */
+static void check_case(lnorm_client *cl, int gpu, int op, int dt, uint64_t rows, uint64_t hidden, lnorm_rng *g)
+{
+    dev_case c;
+    case_make(&c, op, dt, rows, hidden, g);
+    lnorm_result res;
+    lnorm_shm *s = register_case(cl, &c, gpu, c.total, &res);
+    CHECK(s != NULL, "register GPU memory: %s", res.message);
+    if (!s) {
+        case_free(&c);
+        return;
+    }
+    CU(cudaMemset(c.d + c.off_y, 0xFF, c.yb));
+    CU(cudaMemset(c.d + c.off_m, 0xFF, 2 * up(c.sb)));
+    lnorm_normalize_req q;
+    req_of(&q, &c, 1, 1);
+    int rv = lnorm_normalize_shm(cl, &q, &res);
+    CHECK(rv == LNORM_OK, "normalize on GPU memory: %s: %s", lnorm_strerror(rv), res.message);
+    void *hy = malloc(c.yb);
+    float *hm = malloc(c.sb), *hr = malloc(c.sb);
+    CU(cudaMemcpy(hy, c.d + c.off_y, c.yb, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hm, c.d + c.off_m, c.sb, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hr, c.d + c.off_r, c.sb, cudaMemcpyDeviceToHost));
+    lnorm_segment seg;
+    lnorm_segment_init(&seg, (lnorm_op)op, (lnorm_dtype)dt, (int64_t)rows, (int64_t)hidden);
+    seg.param_dtype = LNORM_DTYPE_F32;
+    seg.x = c.hx;
+    seg.gamma = c.hg;
+    seg.beta = c.hb;
+    seg.y = hy;
+    seg.rstd = hr;
+    seg.mean = op == LNORM_OP_LAYERNORM ? hm : NULL;
+    if (rv == LNORM_OK)
+        CHECK(lnorm_test_check_segment(&seg, NULL, "cuda-ipc") == 0, "op %d dtype %d %llux%llu vs float64", op, dt,
+              (unsigned long long)rows, (unsigned long long)hidden);
+    free(hy);
+    free(hm);
+    free(hr);
+    lnorm_shm_destroy(s, NULL);
+    case_free(&c);
+}
+
+int main(int argc, char **argv)
+{
+    const char *url = NULL, *json = NULL, *commit = getenv("LNORM_COMMIT");
+    int gpu = 0, iters = 50, dt = LNORM_DTYPE_BF16;
+    uint64_t rows = 32768, hidden = 4096;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "%s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--url"))
+            url = v;
+        else if (!strcmp(a, "--gpu"))
+            gpu = atoi(v);
+        else if (!strcmp(a, "--rows"))
+            rows = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--hidden"))
+            hidden = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--iters"))
+            iters = atoi(v);
+        else if (!strcmp(a, "--json"))
+            json = v;
+        else if (!strcmp(a, "--commit"))
+            commit = v;
+        else if (!strcmp(a, "--dtype"))
+            dt = !strcmp(v, "f32") ? LNORM_DTYPE_F32 : !strcmp(v, "f16") ? LNORM_DTYPE_F16 : LNORM_DTYPE_BF16;
+        else {
+            fprintf(stderr, "unknown option %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (!url || rows < 1 || hidden < 1 || iters < 1) {
+        fprintf(stderr, "usage: %s --url URL [--gpu N] [--rows R] [--hidden H] [--dtype D] [--iters N] [--json F]\n",
+                argv[0]);
+        return 2;
+    }
+    CU(cudaSetDevice(gpu));
+    lnorm_client *cl = NULL;
+    lnorm_client_opts o;
+    lnorm_client_opts_init(&o);
+    o.recv_timeout_ms = 60000;
+    if (lnorm_client_open(&cl, &url, 1, &o) != LNORM_OK) {
+        fprintf(stderr, "cannot open %s\n", url);
+        return 1;
+    }
+    lnorm_rng g;
+    lnorm_rng_seed(&g, lnorm_test_seed(21));
+
+    /* 1. correctness */
+    check_case(cl, gpu, LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 257, 4096, &g);
+    check_case(cl, gpu, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 100, 3000, &g);
+    check_case(cl, gpu, LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 3, 65536, &g);
+    {
+        dev_case c;
+        case_make(&c, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 4, 64, &g);
+        lnorm_result res;
+        lnorm_shm *s = register_case(cl, &c, gpu, c.total + ((size_t)64 << 20), &res);
+        CHECK(s == NULL && strstr(res.message, "allocation"), "a region larger than its allocation is refused: %s",
+              res.message);
+        lnorm_shm_destroy(s, NULL);
+        case_free(&c);
+    }
+
+    /* 2. speed: one large tensor, requests one after another */
+    dev_case c;
+    case_make(&c, LNORM_OP_RMSNORM, dt, rows, hidden, &g);
+    lnorm_result res;
+    lnorm_shm *s = register_case(cl, &c, gpu, c.total, &res);
+    CHECK(s != NULL, "register the large tensor: %s", res.message);
+    double gbps = 0, copy_gbps = 0, per_req_us = 0;
+    if (s) {
+        lnorm_normalize_req q;
+        req_of(&q, &c, 0, 0);
+        for (int i = 0; i < 3; i++)
+            CHECK(lnorm_normalize_shm(cl, &q, &res) == LNORM_OK, "warm-up: %s", res.message);
+        double t0 = now_s();
+        for (int i = 0; i < iters; i++)
+            if (lnorm_normalize_shm(cl, &q, &res) != LNORM_OK) {
+                CHECK_FAIL("request %d: %s", i, res.message);
+                break;
+            }
+        double dt_s = (now_s() - t0) / iters;
+        per_req_us = dt_s * 1e6;
+        gbps = (double)(c.xb + c.yb) / dt_s / 1e9;
+        cudaEvent_t e0, e1;
+        CU(cudaEventCreate(&e0));
+        CU(cudaEventCreate(&e1));
+        CU(cudaMemcpy(c.d + c.off_y, c.d + c.off_x, c.xb, cudaMemcpyDeviceToDevice));
+        CU(cudaEventRecord(e0, 0));
+        for (int i = 0; i < iters; i++)
+            CU(cudaMemcpyAsync(c.d + c.off_y, c.d + c.off_x, c.xb, cudaMemcpyDeviceToDevice, 0));
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        copy_gbps = (double)(2 * c.xb) * iters / (ms * 1e-3) / 1e9;
+        lnorm_shm_destroy(s, NULL);
+    }
+    case_free(&c);
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, gpu));
+    printf("cuda-ipc: %s, rms %s %llu x %llu (%.0f MiB of x): %.1f us a request end to end, %.0f GB/s of x + y; "
+           "device copy %.0f GB/s; ratio %.2f\n",
+           prop.name, lnorm_dtype_name(dt), (unsigned long long)rows, (unsigned long long)hidden,
+           (double)(rows * hidden * lnorm_dtype_size(dt)) / (1 << 20), per_req_us, gbps, copy_gbps,
+           copy_gbps > 0 ? gbps / copy_gbps : 0);
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (f) {
+            char date[32];
+            time_t t = time(NULL);
+            struct tm tm;
+            gmtime_r(&t, &tm);
+            strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+            fprintf(f,
+                    "{\"bench\": \"cuda-ipc\", \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\", "
+                    "\"op\": \"rms\", \"dtype\": \"%s\", \"rows\": %llu, \"hidden\": %llu, \"iters\": %d, "
+                    "\"us_per_request\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, "
+                    "\"ratio_to_copy\": %.3f, \"checks_failed\": %d}\n",
+                    prop.name, date, commit ? commit : "unknown", lnorm_dtype_name(dt), (unsigned long long)rows,
+                    (unsigned long long)hidden, iters, per_req_us, gbps, copy_gbps,
+                    copy_gbps > 0 ? gbps / copy_gbps : 0, check_failures());
+            fclose(f);
+        }
+    }
+    lnorm_client_close(cl);
+    return check_finish("cuda-ipc");
+}
