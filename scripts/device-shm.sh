@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Shared memory on the GPU machine, in one command (about 3 minutes), each
+# figure beside the socket path's in the same run (docs/shm.md):
+#   - large f32 LayerNorm requests (64 MiB, 256 MiB, 1 GiB of x), GB/s of
+#     x + y: --transport shm against the socket (client chunks pipelined);
+#   - 1 x 4096 bf16 requests from 16 client processes, 8 in flight each:
+#     --transport ring batched and unbatched (max-batch-rows 1), and the
+#     socket (raw driver) batched;
+#   - CUDA IPC: lnorm-ipc-bench against a running lnormd (checks vs float64,
+#     then a 256 MiB bf16 tensor end to end beside a device copy).
+# Binaries in one folder ($1, default .devserve): static lnormd, lnorm-bench,
+# lnorm-ipc-bench (cmake --build build-sm90 --target lnormd lnorm-bench
+# lnorm-ipc-bench) and lnorm_commit.txt. Run from the repository root:
+#   OUT=/some/dir scripts/device-shm.sh .devserve
+# Files in $OUT: shm.log and shm-runs.json (every lnorm-bench JSON and the
+# lnorm-ipc-bench JSON, one per line).
+set -u
+BIN=${1:-.devserve}
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+LOG=$OUT/shm.log
+COMMIT=$(cat "$BIN/lnorm_commit.txt" 2>/dev/null || echo unknown)
+export LNORM_COMMIT=$COMMIT
+exec >"$LOG" 2>&1
+echo "date: $(date -u +%FT%TZ) commit: $COMMIT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+DUR=${LNORM_SHM_DURATION:-4}
+run() { # name, lnorm-bench args... -- lnormd args
+  local name=$1
+  shift
+  echo "== $name"
+  timeout 150 "$BIN/lnorm-bench" --spawn "$BIN/lnormd" --duration "$DUR" --warmup 1 --no-progress \
+    --json "$TMP/$name.json" --tag "mode=$name" "$@"
+  echo "($name: rc=$?)"
+}
+
+# Large requests: rows x 4096 f32 (64 MiB of x at 4096 rows).
+for rows in 4096 16384 65536; do
+  mib=$((rows * 16 / 1024))
+  run "large${mib}M-shm" --transport shm --op ln --rows "$rows" --hidden 4096 --dtype f32 --variants 1 \
+    --concurrency 2,4 --verify 2 --timeout 60000 -- --backend cuda --allow-shm
+  if [ "$rows" -le 16384 ]; then
+    run "large${mib}M-socket" --op ln --rows "$rows" --hidden 4096 --dtype f32 --variants 1 --concurrency 2,4 \
+      --verify 2 --timeout 60000 --chunk-bytes 8M --pipeline-depth 4 -- --backend cuda
+  fi
+done
+
+# Small requests from 16 processes.
+small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency 8 --verify 50)
+run ring-batched --transport ring "${small[@]}" -- --backend cuda --allow-shm
+run ring-unbatched --transport ring "${small[@]}" -- --backend cuda --allow-shm --max-batch-rows 1
+run socket-batched --driver raw "${small[@]}" -- --backend cuda
+
+# CUDA IPC.
+echo "== cuda-ipc"
+D=$(mktemp -d)
+"$BIN/lnormd" --backend cuda --allow-shm --listen "ipc://$D/l.sock" --http off --ready-file "$D/ready" \
+  >"$TMP/lnormd-ipc.log" 2>&1 &
+P=$!
+for _ in $(seq 1 200); do [ -f "$D/ready" ] && break; sleep 0.1; done
+timeout 120 "$BIN/lnorm-ipc-bench" --url "ipc://$D/l.sock" --rows 32768 --hidden 4096 --dtype bf16 --iters 50 \
+  --json "$TMP/cuda-ipc.json"
+echo "(cuda-ipc: rc=$?)"
+kill -TERM "$P"
+wait "$P"
+tail -5 "$TMP/lnormd-ipc.log"
+
+for f in "$TMP"/*.json; do tr -d '\n' <"$f"; echo; done >"$OUT/shm-runs.json"
+echo "done"
