@@ -47,6 +47,37 @@ static void *xalloc(size_t n)
     return p;
 }
 
+/* Tensors by reference (ShmRef) point into a stand-in region, checked as
+ * lnormd checks them against a client's region (server/regions.c); 0 when
+ * one lies outside it (lnormd answers INVALID_ARGUMENT then). */
+#define FAKE_REGION ((size_t)1 << 22)
+static unsigned char *fake_region;
+
+static int resolve_fake(lnorm__decoded *d)
+{
+    if (!d->nrefs)
+        return 1;
+    if (!fake_region)
+        fake_region = calloc(1, FAKE_REGION);
+    check(fake_region != NULL, "out of memory");
+    void *p[LNORM__T_N] = {0};
+    for (int t = 0; t < LNORM__T_N; t++) {
+        const lnorm__tref *f = &d->ref[t];
+        if (!f->set)
+            continue;
+        check(f->align >= 1 && f->offset % f->align == 0, "a reference accepted misaligned");
+        if (f->offset > FAKE_REGION || f->bytes > FAKE_REGION - f->offset)
+            return 0;
+        p[t] = fake_region + f->offset;
+    }
+    lnorm_segment *s = &d->seg;
+    if (p[LNORM__T_X]) s->x = p[LNORM__T_X];
+    if (p[LNORM__T_RESIDUAL]) s->residual = p[LNORM__T_RESIDUAL];
+    if (p[LNORM__T_GAMMA]) s->gamma = p[LNORM__T_GAMMA];
+    if (p[LNORM__T_BETA]) s->beta = p[LNORM__T_BETA];
+    return 1;
+}
+
 static void run_segment(const lnorm__decoded *d)
 {
     lnorm_segment s = d->seg;
@@ -105,7 +136,10 @@ static void check_borrow(const uint8_t *data, size_t size, const lnorm__limits *
     check(b.request_id == d->request_id, "borrowing decoder: different request id");
     if (rv == LNORM_OK) {
         check(b.kind == d->kind, "borrowing decoder: different kind");
-        if (d->kind == LNORM__REQ_NORMALIZE) {
+        if (d->kind == LNORM__REQ_NORMALIZE && (d->nrefs || b.nrefs)) {
+            check(d->nrefs == b.nrefs && !memcmp(d->ref, b.ref, sizeof d->ref),
+                  "borrowing decoder: different references");
+        } else if (d->kind == LNORM__REQ_NORMALIZE) {
             const lnorm_segment *x = &d->seg, *y = &b.seg;
             check(x->op == y->op && x->x_dtype == y->x_dtype && x->y_dtype == y->y_dtype &&
                       x->param_dtype == y->param_dtype && x->rows == y->rows && x->hidden == y->hidden &&
@@ -177,10 +211,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (d.kind == LNORM__REQ_NORMALIZE) {
             check(d.seg.rows >= 1 && (uint64_t)d.seg.rows <= lim.max_rows, "rows out of limits");
             check(d.seg.hidden >= 1 && (uint64_t)d.seg.hidden <= lim.max_hidden, "hidden out of limits");
-            run_segment(&d);
+            if (resolve_fake(&d))
+                run_segment(&d);
         } else {
             check(d.kind == LNORM__REQ_REGISTER || d.kind == LNORM__REQ_DROP ||
-                      d.kind == LNORM__REQ_HEALTH || d.kind == LNORM__REQ_INFO,
+                      d.kind == LNORM__REQ_HEALTH || d.kind == LNORM__REQ_INFO ||
+                      (d.kind >= LNORM__V1__REQUEST__BODY_REGISTER_REGION &&
+                       d.kind <= LNORM__V1__REQUEST__BODY_ATTACH_RING),
                   "accepted an unknown kind");
         }
     }

@@ -35,8 +35,10 @@ run() { # name, lnorm-bench args... -- lnormd args
   echo "($name: rc=$?)"
 }
 
+STEPS=${LNORM_SHM_STEPS:-large,ring,ipc}
 # Large requests: rows x 4096 f32 (64 MiB of x at 4096 rows).
-for rows in 4096 16384 65536; do
+case ",$STEPS," in *,large,*) ;; *) LARGE_ROWS= ;; esac
+for rows in ${LARGE_ROWS-4096 16384 65536}; do
   mib=$((rows * 16 / 1024))
   run "large${mib}M-shm" --transport shm --op ln --rows "$rows" --hidden 4096 --dtype f32 --variants 1 \
     --concurrency 2,4 --verify 2 --timeout 60000 -- --backend cuda --allow-shm
@@ -47,24 +49,30 @@ for rows in 4096 16384 65536; do
 done
 
 # Small requests from 16 processes.
-small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency 8 --verify 50)
+small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency 128 --verify 50)
+case ",$STEPS," in *,ring,*)
 run ring-batched --transport ring "${small[@]}" -- --backend cuda --allow-shm
 run ring-unbatched --transport ring "${small[@]}" -- --backend cuda --allow-shm --max-batch-rows 1
 run socket-batched --driver raw "${small[@]}" -- --backend cuda
+;; esac
 
 # CUDA IPC.
+case ",$STEPS," in *,ipc,*)
 echo "== cuda-ipc"
 D=$(mktemp -d)
 "$BIN/lnormd" --backend cuda --allow-shm --listen "ipc://$D/l.sock" --http off --ready-file "$D/ready" \
   >"$TMP/lnormd-ipc.log" 2>&1 &
 P=$!
 for _ in $(seq 1 200); do [ -f "$D/ready" ] && break; sleep 0.1; done
-timeout 120 "$BIN/lnorm-ipc-bench" --url "ipc://$D/l.sock" --rows 32768 --hidden 4096 --dtype bf16 --iters 50 \
-  --json "$TMP/cuda-ipc.json"
+for rows in ${IPC_ROWS:-32768 131072}; do
+  timeout 120 "$BIN/lnorm-ipc-bench" --url "ipc://$D/l.sock" --rows "$rows" --hidden 4096 --dtype bf16 --iters 50 \
+    --json "$TMP/cuda-ipc-$rows.json"
+done
 echo "(cuda-ipc: rc=$?)"
 kill -TERM "$P"
 wait "$P"
 tail -5 "$TMP/lnormd-ipc.log"
+;; esac
 
 for f in "$TMP"/*.json; do tr -d '\n' <"$f"; echo; done >"$OUT/shm-runs.json"
 echo "done"

@@ -19,7 +19,7 @@ shift || true
 build=${FUZZ_BUILD:-build-fuzz}
 jobs=${FUZZ_JOBS:-2}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(server_request client_response client_wire)
+[ ${#targets[@]} -eq 0 ] && targets=(server_request ring_sqe client_response client_wire)
 
 # clang and its libFuzzer runtime (Debian: clang, libclang-rt-14-dev).
 cc=${CC:-}

@@ -729,6 +729,8 @@ static int open_lib(run *r, char *err, size_t errlen)
         return -1;
     }
     const lnorm__work *w = r->w;
+    if (r->cfg->driver != LNORM__DRV_LIB)
+        return 0; /* (shm and ring: outputs in the region, open_shm) */
     if (w->max_y_bytes > ((size_t)2 << 30) / (size_t)r->nslots) {
         snprintf(err, errlen, "%d requests in flight x %zu-byte outputs: too much memory",
                  r->nslots, w->max_y_bytes);
@@ -760,15 +762,6 @@ static int open_shm(run *r, char *err, size_t errlen)
     }
     if (open_lib(r, err, errlen) != 0)
         return -1;
-    for (int i = 0; i < r->nslots; i++) { /* (outputs go in the region instead) */
-        slot *s = &r->slots[i];
-        free(s->y);
-        free(s->res_out);
-        free(s->mean);
-        free(s->rstd);
-        s->y = s->res_out = NULL;
-        s->mean = s->rstd = NULL;
-    }
     uint32_t entries = 2;
     while (entries < (uint32_t)r->nslots)
         entries *= 2;
