@@ -211,6 +211,7 @@ typedef struct lnorm__group {
     char why[256];             /* its message (written by the first error only) */
     atomic_flag why_taken;
     lnorm__req *parent;        /* holds the reply route, regions and reservation */
+    lnorm__req *chunks;        /* the chunks (one array), freed with the group */
     atomic_uint_fast64_t queue_us_max, compute_us_sum;
     uint32_t nchunks;
 } lnorm__group;
@@ -248,6 +249,7 @@ static int lnorm__submit_split(lnorm__daemon *d, lnorm__req *r, char *err, size_
     atomic_init(&g->err, LNORM_OK);
     atomic_flag_clear(&g->why_taken);
     g->parent = r;
+    g->chunks = ch;
     g->nchunks = (uint32_t)nch;
     size_t xs = lnorm_dtype_size(s->x_dtype), ys = lnorm_dtype_size(s->y_dtype);
     uint64_t H = (uint64_t)s->hidden;
@@ -289,15 +291,11 @@ static int lnorm__submit_split(lnorm__daemon *d, lnorm__req *r, char *err, size_
             atomic_fetch_sub(&g->left, 1);
         }
     }
-    /* The chunks array is freed with the group (by the last finisher). */
-    g->parent->next = (lnorm__req *)ch; /* (parent is not queued: its link carries the array) */
     if (atomic_fetch_sub(&g->left, 1) == 1) {
         lnorm__timing t = {0};
-        lnorm__req *p = g->parent;
         int e = atomic_load(&g->err);
-        free(p->next);
-        p->next = NULL;
-        lnorm__reply_done(d, p, e, e ? g->why : NULL, &t);
+        free(g->chunks);
+        lnorm__reply_done(d, g->parent, e, e ? g->why : NULL, &t);
         free(g);
     }
     return LNORM_OK;
@@ -322,8 +320,7 @@ static void lnorm__chunk_done(lnorm__daemon *d, lnorm__req *c, int err, const ch
     pt.queue_us = atomic_load(&g->queue_us_max);
     pt.compute_us = atomic_load(&g->compute_us_sum);
     int e = atomic_load(&g->err);
-    free(p->next);
-    p->next = NULL;
+    free(g->chunks); /* (c and t with it: pt is a copy) */
     lnorm__reply_done(d, p, e, e ? g->why : NULL, &pt);
     free(g);
 }

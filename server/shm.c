@@ -119,9 +119,7 @@ int lnorm__shm_resolve(lnorm__daemon *d, lnorm__req *r, const lnorm__peer *peer,
                      "regions of one GPU", lnorm__tnames[t], (unsigned long long)f->region);
             return LNORM_EINVAL;
         }
-        char what[48];
-        snprintf(what, sizeof what, "%s", lnorm__tnames[t]);
-        p[t] = lnorm__region_at(rg, f->offset, f->bytes, f->align, what, why, n);
+        p[t] = lnorm__region_at(rg, f->offset, f->bytes, f->align, lnorm__tnames[t], why, n);
         if (!p[t])
             return LNORM_EINVAL;
     }

@@ -350,16 +350,18 @@ static int shm_norm_prepare(lnorm_client *c, const lnorm_normalize_req *q, lnorm
         const void *p;
         uint64_t n;
         Lnorm__V1__ShmRef **slot;
-        const char *name;
+        const char *outside; /* the error when it is not in a region */
     } t[8] = {
-        {q->x, xb, &m->x_ref, "x"},
-        {q->residual, xb, &m->residual_ref, "residual"},
-        {q->y, yb, &m->y_ref, "y"},
-        {q->want_stats && q->op == LNORM_OP_LAYERNORM ? q->mean : NULL, sb, &m->mean_ref, "mean"},
-        {q->want_stats ? q->rstd : NULL, sb, &m->rstd_ref, "rstd"},
-        {q->residual_out, xb, &m->residual_out_ref, "residual_out"},
-        {q->gamma, pb, NULL, "gamma"},
-        {q->beta, pb, NULL, "beta"},
+#define OUT(n) n " is not inside a region of this client"
+        {q->x, xb, &m->x_ref, OUT("x")},
+        {q->residual, xb, &m->residual_ref, OUT("residual")},
+        {q->y, yb, &m->y_ref, OUT("y")},
+        {q->want_stats && q->op == LNORM_OP_LAYERNORM ? q->mean : NULL, sb, &m->mean_ref, OUT("mean")},
+        {q->want_stats ? q->rstd : NULL, sb, &m->rstd_ref, OUT("rstd")},
+        {q->residual_out, xb, &m->residual_out_ref, OUT("residual_out")},
+        {q->gamma, pb, NULL, OUT("gamma")},
+        {q->beta, pb, NULL, OUT("beta")},
+#undef OUT
     };
     if (q->gamma || q->beta) {
         Lnorm__V1__Affine a = LNORM__V1__AFFINE__INIT;
@@ -375,9 +377,7 @@ static int shm_norm_prepare(lnorm_client *c, const lnorm_normalize_req *q, lnorm
         Lnorm__V1__ShmRef r = LNORM__V1__SHM_REF__INIT;
         st->ref[k] = r;
         if (!shm_locate(c, t[k].p, t[k].n, &st->ref[k].region, &st->ref[k].offset)) {
-            static char msg[8][64];
-            snprintf(msg[k], sizeof msg[k], "%s is not inside a region of this client", t[k].name);
-            *why = msg[k];
+            *why = t[k].outside;
             call->cleanup(call);
             free(call);
             return LNORM_EINVAL;
