@@ -176,20 +176,32 @@ static int lnorm__can_run_in_place(const lnorm__daemon *d, const lnorm__decoded 
            lnorm_dtype_size(s->y_dtype) == xs && xs && ((uintptr_t)s->x % xs) == 0;
 }
 
+/* Answer ring request r (its resources released first, as a reply's are):
+ * err with why, timings t (may be NULL; copied before r goes, t may be
+ * r's own). */
+static void lnorm__ring_answer(lnorm__daemon *d, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
+{
+    lnorm__ring *ring = r->ring;
+    uint64_t id = r->dec.request_id;
+    lnorm__timing tc = t ? *t : (lnorm__timing){0};
+    r->ring = NULL;
+    if (err == LNORM_OK)
+        atomic_fetch_add(&d->stats.normalize_ok, 1);
+    lnorm__req_free(d, r);
+    lnorm__stats_reply(&d->stats, lnorm_err_to_status(err));
+    atomic_fetch_sub(&d->stats.inflight, 1);
+    lnorm__ring_complete(ring, id, err, why, t ? &tc : NULL);
+}
+
 /* A request answered before it was queued: its error goes back the way
  * it came (reply on its slot, or completion on its ring). */
 static void lnorm__req_fail(lnorm__daemon *d, lnorm__req *r, int rc, const char *why)
 {
     uint64_t id = r->dec.request_id;
     void *slot = r->slot;
-    lnorm__ring *ring = r->ring;
-    r->ring = NULL;
-    if (ring) {
+    if (r->ring) {
         LOG_DEBUG("ring request %llu: %s: %s", (unsigned long long)id, lnorm_errname(rc), why);
-        lnorm__req_free(d, r);
-        lnorm__stats_reply(&d->stats, lnorm_err_to_status(rc));
-        atomic_fetch_sub(&d->stats.inflight, 1);
-        lnorm__ring_complete(ring, id, rc, why, NULL);
+        lnorm__ring_answer(d, r, rc, why, NULL);
         return;
     }
     nng_msg *m = NULL;
@@ -639,18 +651,9 @@ static void lnorm__reply_done(lnorm__daemon *d, lnorm__req *r, int err, const ch
         lnorm__stats_stage(&d->stats, LNORM__STAGE_REPLY_WAIT, t0 - t->done_ns);
     if (r->ring) {
         char msg[LNORM_RING_MSG];
-        lnorm__ring *ring = r->ring;
-        uint64_t id = r->dec.request_id;
-        r->ring = NULL;
         if (err != LNORM_OK)
             snprintf(msg, sizeof msg, "%s%s%s", lnorm_strerror(err), why ? ": " : "", why ? why : "");
-        else
-            atomic_fetch_add(&d->stats.normalize_ok, 1);
-        lnorm__timing tc = *t; /* (t may be r's own: copied before r goes) */
-        lnorm__req_free(d, r);
-        lnorm__stats_reply(&d->stats, lnorm_err_to_status(err));
-        atomic_fetch_sub(&d->stats.inflight, 1);
-        lnorm__ring_complete(ring, id, err, err != LNORM_OK ? msg : NULL, &tc);
+        lnorm__ring_answer(d, r, err, err != LNORM_OK ? msg : NULL, t);
         return;
     }
     if (err != LNORM_OK) {

@@ -136,6 +136,23 @@ int lnorm__regions_allowed(lnorm__regions *rs, const lnorm__peer *peer, char *wh
     return LNORM_EPERM;
 }
 
+/* A region of peer's at base (bytes long), with the table's reference. */
+static lnorm__region *lnorm__region_new(lnorm__regions *rs, const lnorm__peer *peer, void *base, uint64_t bytes)
+{
+    lnorm__region *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->pipe = peer->pipe;
+    r->pid = peer->pid;
+    r->uid = peer->uid;
+    r->base = base;
+    r->bytes = bytes;
+    r->rs = rs;
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->requests, 0);
+    return r;
+}
+
 /* Count the peer's regions and bytes (under rs->mu). */
 static void lnorm__usage(lnorm__regions *rs, int64_t pid, uint64_t *count, uint64_t *bytes)
 {
@@ -226,20 +243,12 @@ int lnorm__regions_register_host(lnorm__regions *rs, const lnorm__peer *peer, ui
         snprintf(why, n, "register_region: mapping %llu bytes failed: %s", (unsigned long long)bytes, strerror(merr));
         return LNORM_ENOMEM;
     }
-    lnorm__region *r = calloc(1, sizeof *r);
+    lnorm__region *r = lnorm__region_new(rs, peer, p, bytes);
     if (!r) {
         munmap(p, (size_t)bytes);
         snprintf(why, n, "out of memory");
         return LNORM_ENOMEM;
     }
-    r->pipe = peer->pipe;
-    r->pid = peer->pid;
-    r->uid = peer->uid;
-    r->base = p;
-    r->bytes = bytes;
-    r->rs = rs;
-    atomic_init(&r->refs, 1);
-    atomic_init(&r->requests, 0);
     /* Pinned for the GPU's DMA where the backend can: copies to and from
      * the region then run at PCIe speed (pageable memory is some 10x
      * slower). Not fatal: the backend copies through its own buffers. */
@@ -276,22 +285,14 @@ int lnorm__regions_register_device(lnorm__regions *rs, const lnorm__peer *peer, 
     rc = be->ops->ipc_open(be, handle, handle_len, device, bytes, &p, why, n);
     if (rc != LNORM_OK)
         return rc;
-    lnorm__region *r = calloc(1, sizeof *r);
+    lnorm__region *r = lnorm__region_new(rs, peer, p, bytes);
     if (!r) {
         be->ops->ipc_close(be, p, device);
         snprintf(why, n, "out of memory");
         return LNORM_ENOMEM;
     }
-    r->pipe = peer->pipe;
-    r->pid = peer->pid;
-    r->uid = peer->uid;
-    r->base = p;
-    r->bytes = bytes;
     r->device = 1;
     r->gpu = device;
-    r->rs = rs;
-    atomic_init(&r->refs, 1);
-    atomic_init(&r->requests, 0);
     rc = lnorm__insert(rs, r, id, why, n);
     if (rc != LNORM_OK) {
         lnorm__region_put(r);
