@@ -139,6 +139,83 @@ int lnorm_cpu_run_segment(const lnorm_cpu *cpu, const lnorm_segment *s, const ch
  * LNORM_ENOTSUP if this machine lacks it. */
 int lnorm_cpu_set_isa(lnorm_cpu *cpu, const char *isa);
 
+/* ---- Backward -----------------------------------------------------------
+ *
+ * Given the tensor the forward normalized (x: h when a residual was fused),
+ * the gradient of its output dy, gamma (optional) and the forward's
+ * statistics (optional: recomputed from x with the forward's numerics, eps
+ * and eps_mode, when not given), compute
+ *   LayerNorm: xhat = (x - mean) * rstd, g = dy * gamma (dy if no gamma),
+ *     dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))      [eps inside]
+ *   RMSNorm:   xhat = x * rstd,
+ *     dx = rstd * (g - xhat * mean_c(g * xhat))                  [eps inside]
+ *   with mean_c the mean over the row's H columns. With eps outside the
+ *   sqrt (rstd = 1 / (sigma + eps), sigma = sqrt(var) or the RMS), the
+ *   xhat term is divided by sigma * rstd = sigma / (sigma + eps):
+ *   dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat) / (sigma * rstd))
+ *   (RMSNorm without mean_c(g)); sigma is recomputed from x, and the term
+ *   is 0 for a row with sigma = 0 (every xhat is 0 there).
+ *   dx += dres when dres (the gradient that reached residual_out from
+ *   later layers) is given: the fused residual add passes the gradient
+ *   through, so dx is the gradient of both x and the residual.
+ *   dgamma[c] = sum over rows of dy * xhat; dbeta[c] = sum over rows of dy
+ *   (both ops: lnormd's RMSNorm takes a beta too).
+ * fp32 everywhere: x, dy, gamma, dres are converted on load; dx is rounded
+ * to dx_dtype once at the end; dgamma/dbeta are fp32.
+ * dgamma/dbeta are reduced over rows deterministically: for a given segment
+ * (its rows, hidden, dtypes and data) the bits are the same whatever batch
+ * it runs in, whatever the device, its SM count or the number of GPUs; the
+ * reduction order is a function of (rows, hidden) only, written down by
+ * each backend. The backends need not agree with each other bit for bit.
+ * A row whose statistics are not finite gives a NaN/Inf dx row and adds
+ * its non-finite terms to dgamma/dbeta, as the unfused formula does.
+ */
+
+/* One request's backward (or a part of one, split by rows: then the caller
+ * sums the parts' dgamma/dbeta itself). Strides in elements, >= hidden. */
+typedef struct lnorm_bwd_segment {
+    int32_t op;          /* lnorm_op */
+    int32_t x_dtype;     /* lnorm_dtype of x and dres */
+    int32_t dy_dtype;    /* lnorm_dtype of dy */
+    int32_t dx_dtype;    /* lnorm_dtype of dx (never NONE here) */
+    int32_t param_dtype; /* lnorm_dtype of gamma: F32 or x_dtype */
+    int32_t eps_mode;    /* lnorm_eps_mode of the forward */
+    float eps;           /* the forward's eps */
+    int64_t rows;
+    int64_t hidden;
+    int64_t x_stride;
+    int64_t dy_stride;
+    int64_t dx_stride;
+    int64_t dres_stride;
+    const void *x;
+    const void *dy;
+    void *dx;
+    const void *dres;     /* optional */
+    const void *gamma;    /* optional, hidden elements of param_dtype */
+    const float *mean;    /* optional; LayerNorm: with rstd or not at all; RMSNorm: NULL */
+    const float *rstd;    /* optional; recomputed when NULL */
+    float *dgamma;        /* optional, hidden floats */
+    float *dbeta;         /* optional, hidden floats */
+} lnorm_bwd_segment;
+
+typedef struct lnorm_bwd_batch {
+    const lnorm_bwd_segment *segs;
+    size_t nsegs;
+} lnorm_bwd_batch;
+
+/* Defaults for a contiguous rows x hidden backward: op, every dtype = x's
+ * (param too), eps = LNORM_DEFAULT_EPS inside, strides = hidden, pointers
+ * NULL. */
+void lnorm_bwd_segment_init(lnorm_bwd_segment *s, lnorm_op op, lnorm_dtype x_dtype,
+                            int64_t rows, int64_t hidden);
+
+/* Check a backward segment's description, as lnorm_segment_validate. */
+int lnorm_bwd_segment_validate(const lnorm_bwd_segment *s, const char **why);
+
+/* Run a backward batch on the CPU (validates every segment first, as
+ * lnorm_cpu_run). Safe from several threads at once on one runner. */
+int lnorm_cpu_run_bwd(lnorm_cpu *cpu, const lnorm_bwd_batch *b, const char **why);
+
 #ifdef __cplusplus
 }
 #endif

@@ -97,6 +97,19 @@ int lnorm_cuda_set_tuning(const char *name, int value);
  * dynamic tiles). -1 for an unknown name. */
 long lnorm_cuda_stat(const char *name);
 
+/* ---- Backward (kernels/core/lnorm_core.h, lnorm_bwd_segment) ---------- */
+
+/* Bytes of device scratch lnorm_cuda_run_bwd needs for batch b (the
+ * per-row-group dgamma/dbeta partials), 0 if none, or SIZE_MAX if b is
+ * invalid. */
+size_t lnorm_cuda_bwd_scratch_bytes(const lnorm_bwd_batch *b);
+
+/* Validate, then enqueue backward batch b (device pointers) on stream,
+ * using scratch (device memory of at least lnorm_cuda_bwd_scratch_bytes)
+ * for the dgamma/dbeta partials. Returns as lnorm_cuda_run. */
+int lnorm_cuda_run_bwd(const lnorm_bwd_batch *b, void *stream, void *scratch, size_t scratch_bytes,
+                       const char **why);
+
 #ifdef __cplusplus
 }
 #endif
