@@ -56,6 +56,7 @@ typedef struct lnorm__backend_counters {
     uint64_t fallback_batches; /* of those, computed on the CPU instead */
     uint64_t staged_segments;  /* segments gathered into / scattered from staging memory */
     uint64_t direct_segments;  /* segments copied straight from / to their own buffers */
+    uint64_t mapped_segments;  /* segments the kernels read and wrote in a client's mapped region */
     uint64_t oversize_batches; /* batches that needed a temporary device buffer */
     /* Host time by stage, summed over batches: [0] enqueue (gather and
      * queue the copies and launches), [1] wait (until the batch's device

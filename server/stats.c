@@ -72,6 +72,7 @@ void lnorm__stats_set_backend(lnorm__stats *s, const lnorm__backend_counters *c)
     atomic_store_explicit(&s->cuda_fallback_batches, c->fallback_batches, memory_order_relaxed);
     atomic_store_explicit(&s->cuda_staged_segments, c->staged_segments, memory_order_relaxed);
     atomic_store_explicit(&s->cuda_direct_segments, c->direct_segments, memory_order_relaxed);
+    atomic_store_explicit(&s->cuda_mapped_segments, c->mapped_segments, memory_order_relaxed);
     atomic_store_explicit(&s->cuda_oversize_batches, c->oversize_batches, memory_order_relaxed);
     static const int st[3] = {LNORM__STAGE_CUDA_ENQUEUE, LNORM__STAGE_CUDA_WAIT, LNORM__STAGE_CUDA_SCATTER};
     for (int i = 0; i < 3; i++) {
@@ -224,6 +225,9 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
                           "Requests moved through a slot's pinned staging arenas.", LD(s->cuda_staged_segments));
     lnorm__render_counter(&b, "lnormd_cuda_direct_segments_total", "counter",
                           "Requests copied straight from / to their own buffers.", LD(s->cuda_direct_segments));
+    lnorm__render_counter(&b, "lnormd_cuda_mapped_segments_total", "counter",
+                          "Requests the kernels read and wrote in place in a client's shared-memory region.",
+                          LD(s->cuda_mapped_segments));
     lnorm__render_counter(&b, "lnormd_cuda_oversize_batches_total", "counter",
                           "Batches larger than a slot's device arena (temporary device buffer).",
                           LD(s->cuda_oversize_batches));

@@ -69,6 +69,7 @@ typedef struct lnorm__stats {
     atomic_uint_fast64_t cuda_fallback_batches; /* of those, computed on the CPU */
     atomic_uint_fast64_t cuda_staged_segments;
     atomic_uint_fast64_t cuda_direct_segments;
+    atomic_uint_fast64_t cuda_mapped_segments;
     atomic_uint_fast64_t cuda_oversize_batches;
     atomic_uint_fast64_t stage_ns[LNORM__NSTAGES];
     atomic_uint_fast64_t stage_n[LNORM__NSTAGES];

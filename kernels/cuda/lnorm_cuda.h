@@ -59,6 +59,16 @@ int lnorm_cuda_launch_count(const lnorm_batch *b);
  * "stream1024". -1 for an invalid dtype or hidden < 1. */
 int lnorm_cuda_tier(int x_dtype, int64_t hidden, const char **desc);
 
+/* Whether the kernels read x and residual and write y, residual_out, mean
+ * and rstd of segment s (device pointers, or host pointers of the same
+ * alignment) with plain loads and stores only, no bulk copies: then those
+ * tensors may lie in host memory mapped for the device
+ * (cudaHostRegisterMapped) and the kernel itself moves them over PCIe.
+ * A function of the segment alone (its tier, form and alignment); 0 for an
+ * invalid segment. Conservative when gamma/beta are host pointers that
+ * the caller places elsewhere. */
+int lnorm_cuda_plain_io(const lnorm_segment *s);
+
 /* Simple entry point for ctypes harnesses: one contiguous-or-strided
  * segment given by plain arguments (device pointers, optional ones NULL;
  * dtypes as lnorm_dtype, y_dtype/param_dtype 0 = same as x). Runs on

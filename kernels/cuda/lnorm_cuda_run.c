@@ -203,6 +203,16 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
     return cl == 1 ? v : LNORM__FAST_NONE;
 }
 
+int lnorm_cuda_plain_io(const lnorm_segment *s)
+{
+    if (!s || lnorm_segment_validate(s, NULL) != LNORM_OK)
+        return 0;
+    const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
+    if (tier < 0 || tier >= LNORM__NREG_TIERS)
+        return 0; /* the streaming tier: kept to device memory */
+    return !(lnorm__fast_variant(s, tier) & LNORM__FAST_BULK);
+}
+
 /* Index (0 .. 3 * LNORM__NFAST - 1) of a fast value in a group key (BULK
  * and AL never come together), and back. */
 static int lnorm__fast_index(int fast)

@@ -16,7 +16,11 @@
  *    on the same inputs (test_gpu's tolerance) and to the float64
  *    reference, row padding still poison, the backend's counters as
  *    expected.
- * 3. Fault injection (fault_every = 3, test only): fallback none,
+ * 3. A client's region (host_register): the mixed batch laid out in one
+ *    registered region, as a shared-memory client has it; small segments
+ *    are read and written in place by the kernels (mapped, no staging),
+ *    large ones copied; outputs checked as in 2, the counters say so.
+ * 4. Fault injection (fault_every = 3, test only): fallback none,
  *    exactly jobs 3, 6, 9 (1-based, in submission order) finish with
  *    LNORM_ECUDA and the others are correct; fallback cpu, every job is
  *    correct and the counters say which were computed on the CPU.
@@ -70,12 +74,37 @@ static void on_done(lnorm__job *j, int err, const char *why, uint64_t ns)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* Copy a host buffer into a pinned one from the backend. */
+/* Part 3's client region: while set, pin() lays buffers out in it, 256-byte
+ * aligned, instead of taking them from buf_alloc. */
+static unsigned char *g_rgn;
+static size_t g_rgn_size, g_rgn_used;
+
+static int in_rgn(const void *p)
+{
+    return g_rgn && (const unsigned char *)p >= g_rgn && (const unsigned char *)p < g_rgn + g_rgn_size;
+}
+
+static void unpin(lnorm__backend *be, const void *p)
+{
+    if (p && !in_rgn(p))
+        be->ops->buf_free(be, (void *)p);
+}
+
+/* Copy a host buffer into a pinned one from the backend (or the region). */
 static void *pin(lnorm__backend *be, const void *src, size_t n)
 {
     if (!src)
         return NULL;
-    void *p = be->ops->buf_alloc(be, n);
+    void *p = NULL;
+    if (g_rgn) {
+        size_t off = (g_rgn_used + 255) & ~(size_t)255;
+        if (off + n <= g_rgn_size) {
+            p = g_rgn + off;
+            g_rgn_used = off + n;
+        }
+    } else {
+        p = be->ops->buf_alloc(be, n);
+    }
     if (p)
         memcpy(p, src, n);
     return p;
@@ -346,15 +375,15 @@ static void free_mix_job(lnorm__backend *be, tjob *t)
 {
     for (int i = 0; i < t->nsegs; i++) {
         lnorm_segment *s = &t->segs[i];
-        be->ops->buf_free(be, (void *)s->x);
-        be->ops->buf_free(be, s->y);
-        be->ops->buf_free(be, (void *)s->residual);
-        be->ops->buf_free(be, s->residual_out);
-        be->ops->buf_free(be, s->mean);
-        be->ops->buf_free(be, s->rstd);
+        unpin(be, s->x);
+        unpin(be, s->y);
+        unpin(be, s->residual);
+        unpin(be, s->residual_out);
+        unpin(be, s->mean);
+        unpin(be, s->rstd);
         if (!g_mix[i].shared) {
-            be->ops->buf_free(be, (void *)s->gamma);
-            be->ops->buf_free(be, (void *)s->beta);
+            unpin(be, s->gamma);
+            unpin(be, s->beta);
         }
         lnorm_test_case_free(&t->tc[i]);
     }
@@ -411,6 +440,7 @@ typedef struct mixrun {
     lnorm__backend *be;
     tjob *jobs;
     int nmade; /* jobs to free, the one that failed half-built included */
+    size_t region; /* > 0: the jobs' tensors in one registered region of this size */
     lnorm__backend_counters cn;
 } mixrun;
 
@@ -429,6 +459,17 @@ static int mix_run(mixrun *r, const lnorm__cuda_opts *o, lnorm_rng *rng)
     char desc[512];
     r->be->ops->describe(r->be, desc, sizeof desc);
     printf("%s: %s\n", r->name, desc);
+    if (r->region) {
+        g_rgn = aligned_alloc(4096, r->region);
+        g_rgn_size = r->region;
+        g_rgn_used = 0;
+        if (!g_rgn || r->be->ops->host_register(r->be, g_rgn, r->region) != LNORM_OK) {
+            CHECK_FAIL("%s: region of %zu bytes not registered", r->name, r->region);
+            free(g_rgn);
+            g_rgn = NULL;
+            return -1;
+        }
+    }
     pthread_mutex_lock(&g_mu);
     g_done = 0;
     pthread_mutex_unlock(&g_mu);
@@ -455,11 +496,17 @@ static int mix_run(mixrun *r, const lnorm__cuda_opts *o, lnorm_rng *rng)
 /* Destroy a run's backend and free its jobs. */
 static void mix_end(mixrun *r)
 {
+    if (r->be && g_rgn)
+        r->be->ops->host_unregister(r->be, g_rgn);
     if (r->be)
         r->be->ops->destroy(r->be);
     for (int j = 0; j < r->nmade; j++)
         free_mix_job(g_pb, &r->jobs[j]);
     free(r->jobs);
+    if (r->region && r->be) {
+        free(g_rgn);
+        g_rgn = NULL;
+    }
 }
 
 /* Part 2: NCOPY copies of the mixed batch at once under one setting. */
@@ -498,7 +545,40 @@ out:
     return check_failures() - f0;
 }
 
-/* Part 3: fault_every = 3 over NFAULT jobs submitted one by one. */
+/* Part 3: the mixed batch in a registered client region. */
+static long test_region(lnorm_cpu *cpu, lnorm_rng *rng)
+{
+    const char *name = "client-region";
+    lnorm__cuda_opts o;
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)64 << 20;
+    const int f0 = check_failures();
+    mixrun r = {.name = name, .n = NCOPY, .region = (size_t)64 << 20};
+    if (mix_run(&r, &o, rng) != 0)
+        goto out;
+    const lnorm__backend_counters cn = r.cn;
+    for (int j = 0; j < NCOPY; j++) {
+        if (r.jobs[j].done_calls != 1 || r.jobs[j].err != LNORM_OK) {
+            CHECK_FAIL("%s job %d: done called %d times, %s", name, j, r.jobs[j].done_calls,
+                       lnorm_errname(r.jobs[j].err));
+            continue;
+        }
+        check_mix_job(&r.jobs[j], cpu, name, j);
+    }
+    printf("%s: mapped %llu, staged %llu, direct %llu, errors %llu\n", name,
+           (unsigned long long)cn.mapped_segments, (unsigned long long)cn.staged_segments,
+           (unsigned long long)cn.direct_segments, (unsigned long long)cn.errors);
+    if (!cn.mapped_segments || !cn.direct_segments || cn.errors ||
+        cn.mapped_segments + cn.staged_segments + cn.direct_segments != (uint64_t)NCOPY * NMIX)
+        CHECK_FAIL("%s: counters not as expected (mapped > 0, direct > 0, no errors, %d segments)", name,
+                   NCOPY * NMIX);
+out:
+    mix_end(&r);
+    printf("%s: %d failures\n", name, check_failures() - f0);
+    return check_failures() - f0;
+}
+
+/* Part 4: fault_every = 3 over NFAULT jobs submitted one by one. */
 #define NFAULT 9
 static long test_faults(int fallback, lnorm_cpu *cpu, lnorm_rng *rng)
 {
@@ -596,6 +676,8 @@ int main(void)
     o.staging_bytes = 0;
     o.sync = LNORM__CUDA_SYNC_YIELD;
     test_mixed("no-staging/yield", &o, cpu, 0, 1, 0, &rng);
+
+    test_region(cpu, &rng);
 
     test_faults(0, cpu, &rng);
     test_faults(1, cpu, &rng);

@@ -28,6 +28,7 @@ enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 #define cudaInitDeviceFlagsAreValid 1
 #define cudaHostAllocPortable 1
 #define cudaHostRegisterPortable 1
+#define cudaHostRegisterMapped 2
 #define cudaIpcMemLazyEnablePeerAccess 1
 #define cudaEnableDefault 0
 typedef struct cudaIpcMemHandle_st { char reserved[64]; } cudaIpcMemHandle_t;
@@ -47,6 +48,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned f);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned f);
 cudaError_t cudaHostUnregister(void *p);
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned f);
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned f);
 cudaError_t cudaIpcCloseMemHandle(void *p);
 cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned v, unsigned long long f,

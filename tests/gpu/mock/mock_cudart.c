@@ -76,6 +76,8 @@ cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 /* Host memory is what the mock's "device" reads anyway: registering is a no-op. */
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned f) { (void)p; (void)n; (void)f; return cudaSuccess; }
 cudaError_t cudaHostUnregister(void *p) { (void)p; return cudaSuccess; }
+/* Unified addressing, as on a real 64-bit host: the device address of mapped memory is its host address. */
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned f) { (void)f; *d = h; return cudaSuccess; }
 /* No other process's GPU memory in a mock. */
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned f) { (void)h; (void)f; *p = NULL; return cudaErrorLaunchFailure; }
 cudaError_t cudaIpcCloseMemHandle(void *p) { (void)p; return cudaSuccess; }
@@ -152,6 +154,8 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
     push((struct mock_stream *)stream, o);
     return LNORM_OK;
 }
+/* The mock's kernels are the CPU core: they read any host memory. */
+int lnorm_cuda_plain_io(const lnorm_segment *s) { return s && lnorm_segment_validate(s, NULL) == LNORM_OK; }
 int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why)
 {
     lnorm_batch b = {s, 1};
