@@ -3,7 +3,8 @@
 # figure beside the socket path's in the same run (docs/shm.md):
 #   - large f32 LayerNorm requests (64 MiB, 256 MiB, 1 GiB of x), GB/s of
 #     x + y: --transport shm against the socket (client chunks pipelined);
-#   - 1 x 4096 bf16 requests from 16 client processes, 8 in flight each:
+#   - 1 x 4096 bf16 requests from 16 client processes, 8 in flight each
+#     (RING_CONC, default 128, in flight in all):
 #     --transport ring batched and unbatched (max-batch-rows 1), and the
 #     socket (raw driver) batched;
 #   - CUDA IPC: lnorm-ipc-bench against a running lnormd (checks vs float64,
@@ -48,8 +49,9 @@ for rows in ${LARGE_ROWS-4096 16384 65536}; do
   fi
 done
 
-# Small requests from 16 processes.
-small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency 128 --verify 50)
+# Small requests from 16 processes; RING_CONC: requests in flight in all
+# (a list: one point each).
+small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency "${RING_CONC:-128}" --verify 50)
 case ",$STEPS," in *,ring,*)
 run ring-batched --transport ring "${small[@]}" -- --backend cuda --allow-shm
 run ring-unbatched --transport ring "${small[@]}" -- --backend cuda --allow-shm --max-batch-rows 1

@@ -9,7 +9,9 @@
  *   2. measures: end-to-end time of one request on a large tensor (message
  *      out, kernel, reply back), as GB/s of x read + y written, beside a
  *      device-to-device copy of the same bytes on the same GPU (the HBM
- *      ceiling), in one run; prints both and writes JSON (--json).
+ *      ceiling) and the same kernel launched in this process on the same
+ *      tensor, in one run; prints them with lnormd's own compute time (the
+ *      reply's timings) and writes JSON (--json).
  *
  *   lnorm-ipc-bench --url ipc:///path [--gpu 0] [--rows R --hidden H]
  *                   [--dtype bf16|f16|f32] [--iters N] [--json FILE] [--commit C]
@@ -24,6 +26,7 @@
 
 #include "check.h"
 #include "lnorm/lnorm.h"
+#include "lnorm_cuda.h"
 #include "testutil.h"
 
 static double now_s(void)
@@ -235,19 +238,23 @@ int main(int argc, char **argv)
     lnorm_result res;
     lnorm_shm *s = register_case(cl, &c, gpu, c.total, &res);
     CHECK(s != NULL, "register the large tensor: %s", res.message);
-    double gbps = 0, copy_gbps = 0, per_req_us = 0;
+    double gbps = 0, copy_gbps = 0, per_req_us = 0, compute_us = 0, kernel_gbps = 0;
     if (s) {
         lnorm_normalize_req q;
         req_of(&q, &c, 0, 0);
         for (int i = 0; i < 3; i++)
             CHECK(lnorm_normalize_shm(cl, &q, &res) == LNORM_OK, "warm-up: %s", res.message);
         double t0 = now_s();
-        for (int i = 0; i < iters; i++)
+        uint64_t csum = 0;
+        for (int i = 0; i < iters; i++) {
             if (lnorm_normalize_shm(cl, &q, &res) != LNORM_OK) {
                 CHECK_FAIL("request %d: %s", i, res.message);
                 break;
             }
+            csum += res.compute_us;
+        }
         double dt_s = (now_s() - t0) / iters;
+        compute_us = (double)csum / iters;
         per_req_us = dt_s * 1e6;
         gbps = (double)(c.xb + c.yb) / dt_s / 1e9;
         cudaEvent_t e0, e1;
@@ -262,16 +269,31 @@ int main(int argc, char **argv)
         float ms = 0;
         CU(cudaEventElapsedTime(&ms, e0, e1));
         copy_gbps = (double)(2 * c.xb) * iters / (ms * 1e-3) / 1e9;
+        /* The kernel lnormd runs, here, on the same tensor. */
+        lnorm_segment seg;
+        lnorm_segment_init(&seg, (lnorm_op)c.op, (lnorm_dtype)c.dt, (int64_t)c.rows, (int64_t)c.hidden);
+        seg.x = c.d + c.off_x;
+        seg.y = c.d + c.off_y;
+        const char *why = NULL;
+        CHECK(lnorm_cuda_run_segment(&seg, NULL, &why) == LNORM_OK, "kernel in-process: %s", why ? why : "-");
+        CU(cudaEventRecord(e0, 0));
+        for (int i = 0; i < iters; i++)
+            lnorm_cuda_run_segment(&seg, NULL, &why);
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        kernel_gbps = (double)(c.xb + c.yb) * iters / (ms * 1e-3) / 1e9;
         lnorm_shm_destroy(s, NULL);
     }
     case_free(&c);
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, gpu));
-    printf("cuda-ipc: %s, rms %s %llu x %llu (%.0f MiB of x): %.1f us a request end to end, %.0f GB/s of x + y; "
-           "device copy %.0f GB/s; ratio %.2f\n",
+    printf("cuda-ipc: %s, rms %s %llu x %llu (%.0f MiB of x): %.1f us a request end to end (%.1f us of it "
+           "computing in lnormd), %.0f GB/s of x + y; device copy %.0f GB/s; ratio %.2f; the kernel in this "
+           "process %.0f GB/s\n",
            prop.name, lnorm_dtype_name(dt), (unsigned long long)rows, (unsigned long long)hidden,
-           (double)(rows * hidden * lnorm_dtype_size(dt)) / (1 << 20), per_req_us, gbps, copy_gbps,
-           copy_gbps > 0 ? gbps / copy_gbps : 0);
+           (double)(rows * hidden * lnorm_dtype_size(dt)) / (1 << 20), per_req_us, compute_us, gbps, copy_gbps,
+           copy_gbps > 0 ? gbps / copy_gbps : 0, kernel_gbps);
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -283,10 +305,10 @@ int main(int argc, char **argv)
             fprintf(f,
                     "{\"bench\": \"cuda-ipc\", \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\", "
                     "\"op\": \"rms\", \"dtype\": \"%s\", \"rows\": %llu, \"hidden\": %llu, \"iters\": %d, "
-                    "\"us_per_request\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, "
+                    "\"us_per_request\": %.2f, \"server_compute_us\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, \"kernel_in_process_gbps\": %.1f, "
                     "\"ratio_to_copy\": %.3f, \"checks_failed\": %d}\n",
                     prop.name, date, commit ? commit : "unknown", lnorm_dtype_name(dt), (unsigned long long)rows,
-                    (unsigned long long)hidden, iters, per_req_us, gbps, copy_gbps,
+                    (unsigned long long)hidden, iters, per_req_us, compute_us, gbps, copy_gbps, kernel_gbps,
                     copy_gbps > 0 ? gbps / copy_gbps : 0, check_failures());
             fclose(f);
         }
