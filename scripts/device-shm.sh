@@ -4,7 +4,7 @@
 #   - large f32 LayerNorm requests (64 MiB, 256 MiB, 1 GiB of x), GB/s of
 #     x + y: --transport shm against the socket (client chunks pipelined);
 #   - 1 x 4096 bf16 requests from 16 client processes, 8 in flight each
-#     (RING_CONC, default 128, in flight in all):
+#     (RING_CONC, default 128,256, in flight in all):
 #     --transport ring batched and unbatched (max-batch-rows 1), and the
 #     socket (raw driver) batched;
 #   - CUDA IPC: lnorm-ipc-bench against a running lnormd (checks vs float64,
@@ -13,8 +13,9 @@
 # lnorm-ipc-bench (cmake --build build-sm90 --target lnormd lnorm-bench
 # lnorm-ipc-bench) and lnorm_commit.txt. Run from the repository root:
 #   OUT=/some/dir scripts/device-shm.sh .devserve
-# Files in $OUT: shm.log and shm-runs.json (every lnorm-bench JSON and the
-# lnorm-ipc-bench JSON, one per line).
+# Files in $OUT: shm.log, shm-runs.json (every lnorm-bench JSON and the
+# lnorm-ipc-bench JSON, one per line) and shm-h200.json (scripts/shm-summary.py:
+# the file kept as bench/results/shm-h200.json).
 set -u
 BIN=${1:-.devserve}
 OUT=${OUT:-$PWD/device-out}
@@ -51,7 +52,7 @@ done
 
 # Small requests from 16 processes; RING_CONC: requests in flight in all
 # (a list: one point each).
-small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency "${RING_CONC:-128}" --verify 50)
+small=(--rows 1 --hidden 4096 --dtype bf16 --procs 16 --concurrency "${RING_CONC:-128,256}" --verify 50)
 case ",$STEPS," in *,ring,*)
 run ring-batched --transport ring "${small[@]}" -- --backend cuda --allow-shm
 run ring-unbatched --transport ring "${small[@]}" -- --backend cuda --allow-shm --max-batch-rows 1
@@ -66,7 +67,7 @@ D=$(mktemp -d)
   >"$TMP/lnormd-ipc.log" 2>&1 &
 P=$!
 for _ in $(seq 1 200); do [ -f "$D/ready" ] && break; sleep 0.1; done
-for rows in ${IPC_ROWS:-32768 131072}; do
+for rows in ${IPC_ROWS:-1024 32768 131072}; do
   timeout 120 "$BIN/lnorm-ipc-bench" --url "ipc://$D/l.sock" --rows "$rows" --hidden 4096 --dtype bf16 --iters 50 \
     --json "$TMP/cuda-ipc-$rows.json"
 done
@@ -77,4 +78,5 @@ tail -5 "$TMP/lnormd-ipc.log"
 ;; esac
 
 for f in "$TMP"/*.json; do tr -d '\n' <"$f"; echo; done >"$OUT/shm-runs.json"
+python3 "$(dirname "$0")/shm-summary.py" "$OUT/shm-runs.json" >"$OUT/shm-h200.json"
 echo "done"
