@@ -3,12 +3,13 @@
 # figure beside the socket path's in the same run (docs/shm.md):
 #   - large f32 LayerNorm requests (64 MiB, 256 MiB, 1 GiB of x), GB/s of
 #     x + y: --transport shm against the socket (client chunks pipelined);
-#   - 1 x 4096 bf16 requests from 16 client processes, 8 in flight each
-#     (RING_CONC, default 128,256, in flight in all):
+#   - 1 x 4096 bf16 requests from 16 client processes, 8 and 16 in flight
+#     each (RING_CONC: requests in flight in all, default 128,256):
 #     --transport ring batched and unbatched (max-batch-rows 1), and the
 #     socket (raw driver) batched;
 #   - CUDA IPC: lnorm-ipc-bench against a running lnormd (checks vs float64,
-#     then a 256 MiB bf16 tensor end to end beside a device copy).
+#     then 8 MiB, 256 MiB and 1 GiB bf16 tensors end to end beside a device
+#     copy and the same kernel in the client; IPC_ROWS: rows of 4096).
 # Binaries in one folder ($1, default .devserve): static lnormd, lnorm-bench,
 # lnorm-ipc-bench (cmake --build build-sm90 --target lnormd lnorm-bench
 # lnorm-ipc-bench) and lnorm_commit.txt. Run from the repository root:
