@@ -360,6 +360,7 @@ void lnorm_client_close(lnorm_client *c)
         nng_msg_free(c->msg_pool[i]);
     free(c->all_slots);
     /* Regions still registered: the daemon drops them with the connection. */
+    lnorm__auto_forget(c);
     lnorm__shm_forget_all(c);
     client_free(c);
 }

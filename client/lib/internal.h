@@ -107,6 +107,9 @@ typedef struct lnorm__dial {
  * client's dialers replaced (see lnorm__redial_if_stuck). */
 #define LNORM__REDIAL_MIN_MS 1000
 
+/* Idle regions a client keeps for auto_shm_bytes calls. */
+#define LNORM__AUTO_KEEP 4
+
 struct lnorm_client {
     nng_socket sock;
     lnorm_client_opts opts;  /* the TLS strings are the client's own copies */
@@ -130,7 +133,19 @@ struct lnorm_client {
     nng_msg *msg_pool[LNORM__MSG_POOL];
     int npool;
     struct lnorm_shm *shms;  /* regions this client registered (under mtx) */
+    /* auto_shm_bytes (auto_shm.c), under mtx: */
+    int auto_state;          /* 0: not known yet, 1: on, -1: off */
+    struct lnorm_shm *auto_idle[LNORM__AUTO_KEEP];
+    int nauto_idle;
 };
+
+/* lnorm_normalize through a region of the client's own when
+ * opts.auto_shm_bytes asks for it: the call's result, or LNORM__AUTO_NO when
+ * the call should go over the socket. */
+#define LNORM__AUTO_NO (-1000)
+int lnorm__auto_normalize(lnorm_client *c, const lnorm_normalize_req *req, lnorm_result *res);
+/* Forget the idle regions (at close, before lnorm__shm_forget_all). */
+void lnorm__auto_forget(lnorm_client *c);
 
 /* Start a call (already filled: ops, data, nchunks, depth, timeouts, cb).
  * On LNORM_OK the callback will run exactly once, on an NNG thread; on

@@ -379,6 +379,11 @@ int lnorm_normalize(lnorm_client *c, const lnorm_normalize_req *req, lnorm_resul
 {
     lnorm__call *call;
     const char *why;
+    if (c && req && c->opts.auto_shm_bytes) {
+        int arv = lnorm__auto_normalize(c, req, res);
+        if (arv != LNORM__AUTO_NO)
+            return arv;
+    }
     int rv = norm_prepare(c, req, &call, &why);
     if (rv != LNORM_OK) {
         fail_result(res, rv, why);

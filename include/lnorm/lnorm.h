@@ -93,6 +93,14 @@ typedef struct lnorm_client_opts {
     const char *tls_cert_key_file; /* PEM file with client certificate + key */
     const char *tls_server_name;   /* name to verify (default: the URL's host) */
     int tls_insecure;              /* non-zero: do not verify the server */
+    /* Shared memory on the caller's behalf (docs/shm.md), off by default:
+     * when > 0, a synchronous lnorm_normalize whose x + y (+ residual and
+     * residual_out) is at least this many bytes, from a client whose URLs
+     * are all ipc:// to a daemon that allows it shared memory, goes through
+     * a region of the client's own (its tensors copied in and the outputs
+     * out, instead of through the socket); calls it cannot take go over the
+     * socket as usual. */
+    size_t auto_shm_bytes;
 } lnorm_client_opts;
 
 /* Fill opts with the defaults. */

@@ -59,15 +59,21 @@ static pid_t spawn_child(const char *const *args)
     return pid;
 }
 
-static lnorm_client *open_client(const char *url)
+static lnorm_client *open_client_auto(const char *url, size_t auto_shm_bytes)
 {
     lnorm_client *c = NULL;
     lnorm_client_opts o;
     lnorm_client_opts_init(&o);
     o.recv_timeout_ms = 20000;
+    o.auto_shm_bytes = auto_shm_bytes;
     int rv = lnorm_client_open(&c, &url, 1, &o);
     CHECK(rv == LNORM_OK, "open %s: %s", url, lnorm_strerror(rv));
     return c;
+}
+
+static lnorm_client *open_client(const char *url)
+{
+    return open_client_auto(url, 0);
 }
 
 /* ---- a test case laid out in a region ----------------------------------------- */
@@ -515,16 +521,81 @@ static int test_ring(void)
 /* ---- faults ------------------------------------------------------------------------- */
 
 /* lnormd's gauge of registered regions (from /metrics), -1 if absent. */
-static long metric_regions(void)
+static long metric_regions_of(td_daemon *d)
 {
     int status = 0;
-    char *body = td_http_get(&daemon_, "/metrics", &status);
+    char *body = td_http_get(d, "/metrics", &status);
     if (!body)
         return -1;
     const char *p = strstr(body, "\nlnormd_shm_regions ");
     long v = p ? strtol(p + 20, NULL, 10) : -1;
     free(body);
     return v;
+}
+
+static long metric_regions(void)
+{
+    return metric_regions_of(&daemon_);
+}
+
+/* lnorm_normalize with auto_shm_bytes against daemon d (*on: whether d
+ * allows shared memory): n random calls, every one checked against float64
+ * on the caller's own buffers; regions registered by the client while it
+ * is open only where allowed, none once it is closed. */
+static void auto_calls(td_daemon *d, int on, int n, lnorm_rng *g)
+{
+    lnorm_client *c = open_client_auto(d->ipc_url, 1);
+    if (!c)
+        return;
+    for (int i = 0; i < n; i++) {
+        lnorm_test_case_cfg cfg;
+        random_cfg(g, &cfg, 40);
+        lnorm_test_case tc;
+        if (lnorm_test_case_make(&tc, &cfg, g) != LNORM_OK) {
+            CHECK_FAIL("auto case %d: could not build", i);
+            continue;
+        }
+        lnorm_normalize_req q;
+        req_of(&q, &tc.seg);
+        lnorm_result res;
+        int rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv == LNORM_OK, "auto case %d (shm %s): %s: %s", i, on ? "on" : "off", lnorm_strerror(rv),
+              res.message);
+        if (rv == LNORM_OK) {
+            long bad = lnorm_test_check_segment(&tc.seg, NULL, "auto shm");
+            CHECK(bad == 0, "auto case %d: %ld elements off float64 (op %d x %d rows %lld hidden %lld)", i, bad,
+                  cfg.op, cfg.x_dtype, (long long)cfg.rows, (long long)cfg.hidden);
+        }
+        lnorm_test_case_free(&tc);
+    }
+    long held = metric_regions_of(d);
+    if (on)
+        CHECK(held >= 1 && held <= 4, "the client keeps 1..4 regions between calls (lnormd_shm_regions %ld)", held);
+    else
+        CHECK_EQ_INT(held, 0, "no region without allow-shm (lnormd_shm_regions)");
+    lnorm_client_close(c);
+    long left = -1;
+    for (int k = 0; k < 100 && left != 0; k++) {
+        left = metric_regions_of(d);
+        if (left != 0)
+            usleep(20000);
+    }
+    CHECK_EQ_INT(left, 0, "the client's regions dropped with its connection (lnormd_shm_regions)");
+}
+
+static int test_auto(const char *lnormd)
+{
+    lnorm_rng g;
+    lnorm_rng_seed(&g, lnorm_test_seed(17));
+    auto_calls(&daemon_, 1, 60, &g);
+    /* Over the socket when the daemon does not allow shared memory. */
+    td_daemon off;
+    const char *args[] = {"--backend", "cpu", "--cpu-threads", "1", NULL};
+    if (td_start(&off, lnormd, NULL, args, TD_ENDPOINTS) == 0) {
+        auto_calls(&off, 0, 10, &g);
+        td_stop_check(&off, "without allow-shm");
+    }
+    return 0;
 }
 
 static int test_faults(const char *lnormd)
@@ -718,7 +789,7 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "-") == 0)
         return child_main(argc, argv);
     if (argc != 3) {
-        fprintf(stderr, "usage: %s LNORMD_PATH regions|ring|faults\n", argv[0]);
+        fprintf(stderr, "usage: %s LNORMD_PATH regions|ring|faults|auto\n", argv[0]);
         return 2;
     }
     lnormd_path = argv[1];
@@ -733,6 +804,8 @@ int main(int argc, char **argv)
         rv = test_ring();
     else if (strcmp(what, "faults") == 0)
         rv = test_faults(lnormd_path);
+    else if (strcmp(what, "auto") == 0)
+        rv = test_auto(lnormd_path);
     else {
         fprintf(stderr, "unknown test %s\n", what);
         return 2;
