@@ -7,7 +7,7 @@ CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 LNORMD_FLAGS ?=
 
-.PHONY: all bootstrap configure build test run test-asan clean device-build gpu-test
+.PHONY: all bootstrap configure build test run test-asan clean device-build gpu-test wheel
 
 all: build
 
@@ -28,6 +28,11 @@ test: build
 
 run: build
 	$(BUILD)/server/lnormd $(LNORMD_FLAGS)
+
+# The Python package (client/python) as a wheel carrying this build's
+# liblnorm, in $(BUILD)/wheel.
+wheel: build
+	bash scripts/build-wheel.sh $(BUILD) $(BUILD)/wheel
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (no CUDA).
 test-asan:
