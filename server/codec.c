@@ -537,6 +537,28 @@ static int lnorm__unpack(const uint8_t *buf, size_t len, ProtobufCAllocator *all
  * nowhere) and a string with a NUL byte (a C string would end there) are
  * errors. Malformed bytes end the scan quietly: protobuf-c then rejects the
  * message with its own error. */
+/* Status texts name a field by its path from the Request, as the proto's
+ * field names spell it ("register_params.params_id",
+ * "normalize.affine.params_id"): the path to a message of type want, into
+ * path (depth-first, at most 4 levels); 0 when found. */
+static int lnorm__field_path(const ProtobufCMessageDescriptor *in, const ProtobufCMessageDescriptor *want, int depth,
+                             char *path, size_t len)
+{
+    if (in == want)
+        return 0;
+    for (unsigned i = 0; depth < 4 && i < in->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &in->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        size_t at = strlen(path);
+        snprintf(path + at, len - at, "%s%s", at ? "." : "", f->name);
+        if (lnorm__field_path(f->descriptor, want, depth + 1, path, len) == 0)
+            return 0;
+        path[at] = 0;
+    }
+    return -1;
+}
+
 static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t errlen)
 {
     lnorm__scan sc = {0};
@@ -546,9 +568,13 @@ static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t
         return lnorm__fail(err, errlen, LNORM_EINVAL,
                            "message: %u fields of %zu bytes not in the lnorm.v1 schema (at most %u, of %u bytes)",
                            sc.unknown, sc.unknown_bytes, LNORM__MAX_UNKNOWN_FIELDS, LNORM__MAX_UNKNOWN_BYTES);
-    if (sc.nul)
-        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s.%s: a string with a NUL byte", sc.nul_in->short_name,
+    if (sc.nul) {
+        char path[128] = "";
+        if (lnorm__field_path(&lnorm__v1__request__descriptor, sc.nul_in, 0, path, sizeof path) != 0)
+            snprintf(path, sizeof path, "%s", sc.nul_in->short_name);
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: a string with a NUL byte", path, path[0] ? "." : "",
                            sc.nul->name);
+    }
     return LNORM_OK;
 }
 

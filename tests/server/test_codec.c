@@ -15,6 +15,31 @@
 
 static const lnorm__limits lim = {1 << 20, 1024, 8192};
 
+/* A status text names its field by the path from Request, in the proto's
+ * field names ("normalize.affine.params_id: ..."): 1 when the text starts
+ * with such a path, ending in a field (then ':' or ' '). */
+static int names_field_path(const char *err)
+{
+    const ProtobufCMessageDescriptor *m = &lnorm__v1__request__descriptor;
+    const char *p = err;
+    for (;;) {
+        size_t n = strcspn(p, ".: ");
+        char name[64];
+        if (!n || n >= sizeof name || !m)
+            return 0;
+        memcpy(name, p, n);
+        name[n] = 0;
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(m, name);
+        if (!f)
+            return 0;
+        p += n;
+        if (*p != '.')
+            return *p == ':' || *p == ' ';
+        p++;
+        m = f->type == PROTOBUF_C_TYPE_MESSAGE ? f->descriptor : NULL;
+    }
+}
+
 static uint8_t *pack(const Lnorm__V1__Request *r, size_t *n)
 {
     *n = lnorm__v1__request__get_packed_size(r);
@@ -285,7 +310,8 @@ int main(void)
             if (at < n)
                 b[at + (size_t)(strchr(id, 0x01) - id)] = 0;
             rc = lnorm__codec_decode_request(b, n, &lim, NULL, &d, err, sizeof err);
-            CHECK(rc == LNORM_EINVAL && strstr(err, "Affine.params_id") && strstr(err, "NUL") && d.request_id == 12345,
+            CHECK(rc == LNORM_EINVAL && !strncmp(err, "normalize.affine.params_id: ", 28) && strstr(err, "NUL") &&
+                      d.request_id == 12345,
                   "NUL id %d: %d %s", i, rc, err);
             lnorm__codec_decoded_free(&d);
             free(b);
@@ -335,6 +361,62 @@ int main(void)
     r.body_case = LNORM__V1__REQUEST__BODY__NOT_SET;
     CHECK(decode(&r, &d, err, sizeof err) == LNORM_EINVAL && strstr(err, "body"), "no body");
     lnorm__codec_decoded_free(&d);
+
+    /* Status texts name fields one way, by their path from Request: a NUL in
+     * each string field, and a sample of other bad fields. */
+    {
+        char nul_id[] = "ab\001cd";
+        struct {
+            Lnorm__V1__Request__BodyCase body;
+            const char *want; /* the path expected, or NULL: any path of the schema */
+        } cases[] = {
+            {LNORM__V1__REQUEST__BODY_REGISTER_PARAMS, "register_params.params_id"},
+            {LNORM__V1__REQUEST__BODY_DROP_PARAMS, "drop_params.params_id"},
+            {LNORM__V1__REQUEST__BODY_REGISTER_PARAMS, NULL}, /* hidden 0 */
+            {LNORM__V1__REQUEST__BODY_NORMALIZE, NULL},       /* bad op */
+            {LNORM__V1__REQUEST__BODY_NORMALIZE, NULL},       /* x of the wrong size */
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            req q2;
+            mkreq(&q2, &rng);
+            Lnorm__V1__RegisterParamsRequest rp2 = LNORM__V1__REGISTER_PARAMS_REQUEST__INIT;
+            Lnorm__V1__DropParamsRequest dp2 = LNORM__V1__DROP_PARAMS_REQUEST__INIT;
+            rp2.params_id = nul_id;
+            rp2.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+            rp2.hidden = 64;
+            rp2.gamma.data = q2.g;
+            rp2.gamma.len = 256;
+            dp2.params_id = nul_id;
+            q2.r.body_case = cases[i].body;
+            if (cases[i].body == LNORM__V1__REQUEST__BODY_REGISTER_PARAMS)
+                q2.r.register_params = &rp2;
+            if (cases[i].body == LNORM__V1__REQUEST__BODY_DROP_PARAMS)
+                q2.r.drop_params = &dp2;
+            if (i == 2) {
+                rp2.params_id = "ok";
+                rp2.hidden = 0;
+            }
+            if (i == 3)
+                q2.n.op = 7;
+            if (i == 4)
+                q2.n.x.len -= 4;
+            size_t n;
+            uint8_t *b = pack(&q2.r, &n);
+            if (cases[i].want) { /* the id's 0x01 becomes 0x00 */
+                for (size_t o = 0; o + 5 <= n; o++)
+                    if (!memcmp(b + o, nul_id, 5))
+                        b[o + 2] = 0;
+            }
+            rc = lnorm__codec_decode_request(b, n, &lim, NULL, &d, err, sizeof err);
+            CHECK(rc == LNORM_EINVAL && names_field_path(err) &&
+                      (!cases[i].want || (!strncmp(err, cases[i].want, strlen(cases[i].want)) &&
+                                          err[strlen(cases[i].want)] == ':')),
+                  "status text %zu does not name its field by its path from Request%s%s: %d '%s'", i,
+                  cases[i].want ? " as " : "", cases[i].want ? cases[i].want : "", rc, err);
+            lnorm__codec_decoded_free(&d);
+            free(b);
+        }
+    }
 
     /* Packing an error reply. */
     nng_msg *msg;
