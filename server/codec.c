@@ -559,6 +559,52 @@ static int lnorm__field_path(const ProtobufCMessageDescriptor *in, const Protobu
     return -1;
 }
 
+/* A field that is not repeated given twice, or two fields of one oneof
+ * (two bodies in a Request): INVALID_ARGUMENT naming the second, rather
+ * than protobuf's merge (messages) or last-one-wins (the rest), which a
+ * client would only mean by mistake. Recurses into sub-messages; path is
+ * the message's path from Request. LNORM_OK, or LNORM_EINVAL (err). */
+static int lnorm__once_check(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *desc, int depth,
+                             char *path, size_t pathlen, char *err, size_t errlen)
+{
+    enum { MAXF = 64 };
+    uint8_t seen[MAXF] = {0};
+    lnorm__wire_rd r = lnorm__wire_reader(buf, len);
+    while (r.p < r.end) {
+        lnorm__wire_field fl;
+        if (lnorm__wire_next_field(&r, &fl) != 0)
+            return LNORM_OK; /* malformed: protobuf-c says so */
+        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, fl.num);
+        if (!fd || (size_t)(fd - desc->fields) >= MAXF)
+            continue;
+        const size_t i = (size_t)(fd - desc->fields);
+        const char *sep = path[0] ? "." : "";
+        if (fd->label != PROTOBUF_C_LABEL_REPEATED) {
+            if (seen[i])
+                return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: given twice (at most once)", path, sep,
+                                   fd->name);
+            for (size_t j = 0; j < desc->n_fields && j < MAXF; j++) {
+                const ProtobufCFieldDescriptor *o = &desc->fields[j];
+                if (seen[j] && (fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && (o->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                    o->quantifier_offset == fd->quantifier_offset)
+                    return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: given with %s%s%s (one of them at most%s)",
+                                       path, sep, fd->name, path, sep, o->name,
+                                       desc == &lnorm__v1__request__descriptor ? ": one body per Request" : "");
+            }
+            seen[i] = 1;
+        }
+        if (fd->type == PROTOBUF_C_TYPE_MESSAGE && fl.wt == LNORM__WIRE_LEN && depth < 8) {
+            size_t at = strlen(path);
+            snprintf(path + at, pathlen - at, "%s%s", sep, fd->name);
+            int rc = lnorm__once_check(fl.data, fl.len, fd->descriptor, depth + 1, path, pathlen, err, errlen);
+            path[at] = 0;
+            if (rc)
+                return rc;
+        }
+    }
+    return LNORM_OK;
+}
+
 static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t errlen)
 {
     lnorm__scan sc = {0};
@@ -575,7 +621,8 @@ static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t
         return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: a string with a NUL byte", path, path[0] ? "." : "",
                            sc.nul->name);
     }
-    return LNORM_OK;
+    char path[128] = "";
+    return lnorm__once_check(buf, len, &lnorm__v1__request__descriptor, 0, path, sizeof path, err, errlen);
 }
 
 static int lnorm__decode(const uint8_t *buf, size_t len, const lnorm__limits *lim, ProtobufCAllocator *alloc,

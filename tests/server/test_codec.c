@@ -418,6 +418,69 @@ int main(void)
         }
     }
 
+    /* An empty Affine is no affine; a field given twice and two bodies in
+     * one Request are INVALID_ARGUMENT naming the field (docs/protocol.md). */
+    {
+        req q2;
+        mkreq(&q2, &rng);
+        lnorm__v1__affine__init(&q2.a);
+        q2.n.affine = &q2.a;
+        rc = decode(&q2.r, &d, err, sizeof err);
+        CHECK(rc == LNORM_OK && !d.seg.gamma && !d.seg.beta && !d.params_id &&
+                  d.seg.param_dtype == (int)q2.n.x_dtype,
+              "an empty Affine is not the same as none: %d %s", rc, err);
+        lnorm__codec_decoded_free(&d);
+        q2.n.affine = NULL;
+
+        /* Request{normalize} twice; Request{normalize} then Request{health}. */
+        q2.r.request_id = 0;
+        q2.r.deadline_us = 0;
+        Lnorm__V1__Request h = LNORM__V1__REQUEST__INIT;
+        Lnorm__V1__HealthRequest hb = LNORM__V1__HEALTH_REQUEST__INIT;
+        h.body_case = LNORM__V1__REQUEST__BODY_HEALTH;
+        h.health = &hb;
+        size_t n1, n2;
+        uint8_t *b1 = pack(&q2.r, &n1), *b2 = pack(&h, &n2);
+        uint8_t *cat = malloc(2 * n1 + n2 + 16);
+        memcpy(cat, b1, n1);
+        memcpy(cat + n1, b1, n1);
+        rc = lnorm__codec_decode_request(cat, 2 * n1, &lim, NULL, &d, err, sizeof err);
+        CHECK(rc == LNORM_EINVAL && !strncmp(err, "normalize: given twice", 22), "normalize twice: %d '%s'", rc, err);
+        lnorm__codec_decoded_free(&d);
+        memcpy(cat + n1, b2, n2);
+        rc = lnorm__codec_decode_request(cat, n1 + n2, &lim, NULL, &d, err, sizeof err);
+        CHECK(rc == LNORM_EINVAL && !strncmp(err, "health: given with normalize", 28) && strstr(err, "one body"),
+              "two bodies: %d '%s'", rc, err);
+        lnorm__codec_decoded_free(&d);
+
+        /* normalize { ...; x } with a second x (both of the right size). */
+        Lnorm__V1__NormalizeRequest xonly = LNORM__V1__NORMALIZE_REQUEST__INIT;
+        xonly.x = q2.n.x;
+        size_t nn = lnorm__v1__normalize_request__get_packed_size(&q2.n),
+               nx = lnorm__v1__normalize_request__get_packed_size(&xonly);
+        uint8_t *body = malloc(nn + nx);
+        lnorm__v1__normalize_request__pack(&q2.n, body);
+        lnorm__v1__normalize_request__pack(&xonly, body + nn);
+        size_t o = 0;
+        cat[o++] = (10 << 3) | 2;
+        for (uint64_t v = nn + nx; ; v >>= 7) {
+            cat[o++] = (uint8_t)(v & 0x7f) | (v >= 0x80 ? 0x80 : 0);
+            if (v < 0x80)
+                break;
+        }
+        uint8_t *m = malloc(o + nn + nx);
+        memcpy(m, cat, o);
+        memcpy(m + o, body, nn + nx);
+        rc = lnorm__codec_decode_request(m, o + nn + nx, &lim, NULL, &d, err, sizeof err);
+        CHECK(rc == LNORM_EINVAL && !strncmp(err, "normalize.x: given twice", 24), "x twice: %d '%s'", rc, err);
+        lnorm__codec_decoded_free(&d);
+        free(m);
+        free(body);
+        free(cat);
+        free(b1);
+        free(b2);
+    }
+
     /* Packing an error reply. */
     nng_msg *msg;
     CHECK(lnorm__codec_pack_error(9, LNORM_ENOTFOUND, "x: gone", &msg) == LNORM_OK, "pack error");
