@@ -111,6 +111,9 @@ static void lnorm__peer_text(const lnorm__conn *r, char *buf, size_t len)
         snprintf(buf, len, "?");
 }
 
+static int lnorm__fd_for(const struct sockaddr_storage *loc, const struct sockaddr_storage *rem);
+static uint64_t lnorm__bytes_read(lnorm__conns *c, lnorm__conn *r, int *ok);
+
 int lnorm__conns_admit(lnorm__conns *c, nng_pipe p)
 {
     lnorm__conn r;
@@ -132,6 +135,12 @@ int lnorm__conns_admit(lnorm__conns *c, nng_pipe p)
         }
         if (nng_pipe_get_addr(p, NNG_OPT_LOCADDR, &loc) != 0 || lnorm__to_sockaddr(&loc, &r.loc) != 0)
             memset(&r.loc, 0, sizeof r.loc); /* never matched: not watched */
+        /* TLS hides where messages end: what NNG has read by now (the
+         * handshakes, and what its TLS layer read ahead) is the base. */
+        int ok = 0;
+        if (r.kind == CONN_TLS && r.loc.ss_family && (r.fd = lnorm__fd_for(&r.loc, &r.rem)) >= 0)
+            r.base = lnorm__bytes_read(c, &r, &ok);
+        r.based = ok;
     }
     pthread_mutex_lock(&c->mu);
     int li = 0;
@@ -215,6 +224,29 @@ void lnorm__conns_removed(lnorm__conns *c, nng_pipe p)
     pthread_mutex_unlock(&c->mu);
     if (found && c->st)
         atomic_fetch_sub(&c->st->connections, 1);
+}
+
+/* The socket of this process with these two addresses, or -1. */
+static int lnorm__fd_for(const struct sockaddr_storage *loc, const struct sockaddr_storage *rem)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int dfd = dirfd(d), found = -1;
+    struct dirent *e;
+    while (found < 0 && (e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        struct sockaddr_storage l, r;
+        socklen_t ll = sizeof l, rl = sizeof r;
+        if (*end || end == e->d_name || fd == dfd || getsockname((int)fd, (struct sockaddr *)&l, &ll) != 0 ||
+            !lnorm__same_addr(&l, loc) || getpeername((int)fd, (struct sockaddr *)&r, &rl) != 0 ||
+            !lnorm__same_addr(&r, rem))
+            continue;
+        found = (int)fd;
+    }
+    closedir(d);
+    return found;
 }
 
 /* Find the sockets of the watched pipes that have none yet: every socket
@@ -323,7 +355,7 @@ static size_t lnorm__tick(lnorm__conns *c, uint32_t *out, int *why, size_t outca
                 r->base = rd;
                 r->based = 1;
             }
-            r->partial = rd - r->base;
+            r->partial = rd > r->base ? rd - r->base : 0;
         }
         const int busy = r->partial > 0;
         if (m != r->rx_msgs) {

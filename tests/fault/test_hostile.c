@@ -7,6 +7,8 @@
  *                                   the same peers against lnormd with the
  *                                   given arguments (none: its defaults);
  *                                   prints VSZ and RSS, judges nothing
+ *   fault_hostile LNORMD tls GEN_CERTS_SH
+ *                                   fault.hostile_frames_tls (below)
  *
  * lnormd listens on tcp://127.0.0.1:0 and an ipc path; two well-behaved
  * clients load it over ipc the whole time and check every reply. Over tcp:
@@ -28,6 +30,13 @@
  * 48 x 65 MiB + 256 MiB of where it began and RSS within 96 MiB (without
  * the limits the same peers reserve 12.8 GB and make 1.1 GB of it
  * resident); the good clients keep getting right answers throughout.
+ *
+ * fault.hostile_frames_tls: over tls+tcp:// (certificates from
+ * scripts/gen-certs.sh), --frame-timeout-ms 1500: 4 peers finish the SP
+ * handshake, declare a 64 MiB frame and send 64 KiB of it every 100 ms;
+ * each is closed between the timeout and 2.5 s after it, /metrics counts
+ * exactly them, and an idle TLS connection beside them is left open and
+ * answers Health after.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -35,11 +44,15 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include "check.h"
 #include "loadgen.h"
@@ -139,10 +152,210 @@ static void reap(peer *p, int n, int64_t now)
     }
 }
 
+static void st_done(void *arg)
+{
+    atomic_store((atomic_int *)arg, 1);
+}
+
+/* All of len bytes sent (send) or received on a TLS stream within
+ * timeout_ms: 0 or an NNG error. (The wait is bounded here: NNG's own
+ * aio timeout does not end a TLS send stuck on a connection the server
+ * closed.) */
+static int st_io(nng_stream *s, int send, void *buf, size_t len, int timeout_ms)
+{
+    atomic_int *fin = malloc(sizeof *fin); /* outlives a send left to NNG */
+    nng_aio *aio;
+    if (!fin || nng_aio_alloc(&aio, st_done, fin) != 0) {
+        free(fin);
+        return NNG_ENOMEM;
+    }
+    size_t done = 0;
+    int rv = 0;
+    while (done < len && rv == 0) {
+        nng_iov iov = {(char *)buf + done, len - done};
+        nng_aio_set_iov(aio, 1, &iov);
+        nng_aio_set_timeout(aio, timeout_ms);
+        atomic_store(fin, 0);
+        if (send)
+            nng_stream_send(s, aio);
+        else
+            nng_stream_recv(s, aio);
+        for (int64_t end = td_now_ms() + timeout_ms; !atomic_load(fin) && td_now_ms() < end;)
+            td_sleep_ms(2);
+        if (!atomic_load(fin)) {
+            rv = NNG_ETIMEDOUT;
+            break; /* the aio and fin are left to NNG, never freed (it may still complete) */
+        }
+        rv = nng_aio_result(aio);
+        if (rv == 0 && nng_aio_count(aio) == 0)
+            rv = NNG_ECLOSED; /* nothing moves: the connection is gone */
+        done += nng_aio_count(aio);
+    }
+    if (rv != NNG_ETIMEDOUT) {
+        nng_aio_free(aio);
+        free(fin);
+    }
+    return rv;
+}
+
+/* A TLS stream to url with the SP handshake of a REQ peer done; NULL on failure. */
+static nng_stream *tls_peer(nng_stream_dialer *dl)
+{
+    nng_aio *aio;
+    nng_stream *s = NULL;
+    if (nng_aio_alloc(&aio, NULL, NULL) != 0)
+        return NULL;
+    nng_aio_set_timeout(aio, 5000);
+    nng_stream_dialer_dial(dl, aio);
+    nng_aio_wait(aio);
+    if (nng_aio_result(aio) == 0)
+        s = nng_aio_get_output(aio, 0);
+    nng_aio_free(aio);
+    uint8_t hello[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}, peer[8];
+    if (s && (st_io(s, 1, hello, 8, 5000) != 0 || st_io(s, 0, peer, 8, 5000) != 0 || peer[5] != 0x31)) {
+        nng_stream_free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+/* A receive that never gets data on a trickler: it ends when lnormd
+ * closes the connection, and notes when. */
+typedef struct closer {
+    nng_aio *aio;
+    uint8_t b[16];
+    _Atomic int64_t at;
+} closer;
+
+static void closer_cb(void *arg)
+{
+    closer *c = arg;
+    atomic_store(&c->at, td_now_ms());
+}
+
+static int tls_main(const char *lnormd, const char *gen_certs)
+{
+    char pki[400], cmd[1000], cert[460], key[460], ca[460];
+    td_daemon d;
+    char dir[300];
+    if (td_tmpdir(dir, sizeof dir, "hostile-tls") != 0)
+        return 1;
+    snprintf(pki, sizeof pki, "%s/pki", dir);
+    snprintf(cmd, sizeof cmd, "bash '%s' '%s' >/dev/null", gen_certs, pki);
+    if (system(cmd) != 0) {
+        CHECK_FAIL("%s failed", gen_certs);
+        return check_finish("fault.hostile_frames_tls");
+    }
+    snprintf(cert, sizeof cert, "%s/server.crt", pki);
+    snprintf(key, sizeof key, "%s/server.key", pki);
+    snprintf(ca, sizeof ca, "%s/ca.crt", pki);
+    char timeout[16];
+    snprintf(timeout, sizeof timeout, "%d", FRAME_TIMEOUT_MS);
+    const char *args[] = {"--backend", "cpu", "--cpu-threads", "2", "--listen", "tls+tcp://127.0.0.1:0",
+                          "--tls-cert", cert, "--tls-key", key, "--frame-timeout-ms", timeout, NULL};
+    if (td_start(&d, lnormd, dir, args, TD_ENDPOINTS) != 0)
+        return 1;
+    fl_load *load = fl_start(d.ipc_url, 2, 16, 256, 10000);
+    nng_stream_dialer *dl = NULL;
+    nng_tls_config *cfg = NULL;
+    if (nng_stream_dialer_alloc(&dl, d.tls_url) != 0 || nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT) != 0 ||
+        nng_tls_config_ca_file(cfg, ca) != 0 || nng_tls_config_server_name(cfg, "localhost") != 0 ||
+        nng_stream_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, cfg) != 0) {
+        CHECK_FAIL("TLS dialer for %s", d.tls_url);
+        return check_finish("fault.hostile_frames_tls");
+    }
+    enum { NT = 4 };
+    nng_stream *idle = tls_peer(dl), *t[NT];
+    int64_t began[NT], closed[NT];
+    static closer cl[NT];
+    static uint8_t chunk[64 << 10];
+    memset(chunk, 0x5a, sizeof chunk);
+    CHECK(idle != NULL, "an idle TLS connection was not taken");
+    for (int i = 0; i < NT; i++) {
+        t[i] = tls_peer(dl);
+        closed[i] = 0;
+        CHECK(t[i] != NULL, "TLS peer %d was not taken", i);
+        uint8_t hdr[8];
+        for (int b = 0; b < 8; b++)
+            hdr[b] = (uint8_t)(FRAME_BYTES >> (56 - 8 * b));
+        began[i] = td_now_ms();
+        if (t[i] && st_io(t[i], 1, hdr, 8, 2000) != 0)
+            closed[i] = td_now_ms();
+        if (t[i] && nng_aio_alloc(&cl[i].aio, closer_cb, &cl[i]) == 0) {
+            nng_iov iov = {cl[i].b, sizeof cl[i].b};
+            nng_aio_set_iov(cl[i].aio, 1, &iov);
+            nng_stream_recv(t[i], cl[i].aio);
+        }
+    }
+    const int64_t end = td_now_ms() + FRAME_TIMEOUT_MS + 3000;
+    while (td_now_ms() < end) {
+        for (int i = 0; i < NT; i++) {
+            if (!closed[i] && atomic_load(&cl[i].at))
+                closed[i] = atomic_load(&cl[i].at);
+            if (t[i] && !closed[i] && st_io(t[i], 1, chunk, sizeof chunk, 100) != 0 && !closed[i])
+                closed[i] = atomic_load(&cl[i].at) ? atomic_load(&cl[i].at) : td_now_ms();
+        }
+        td_sleep_ms(100);
+    }
+    int early = 0, late = 0;
+    for (int i = 0; i < NT; i++) {
+        int64_t held = closed[i] ? closed[i] - began[i] : -1;
+        printf("hostile tls: trickler %d closed after %lld ms\n", i, (long long)held);
+        early += closed[i] && held < FRAME_TIMEOUT_MS - 100;
+        late += !closed[i] || held > FRAME_TIMEOUT_MS + 2500;
+    }
+    CHECK(early == 0 && late == 0, "TLS tricklers: %d closed before the frame timeout, %d late or never", early,
+          late);
+    double timed_out = td_metric(&d, "lnormd_frames_timed_out_total");
+    CHECK(timed_out == NT, "/metrics: %g frames timed out, %d tricklers", timed_out, NT);
+    size_t hl;
+    uint8_t *h = fw_pack_health(9, &hl), frame[12], rh[12];
+    for (int b = 0; b < 8; b++)
+        frame[b] = (uint8_t)((hl + 4) >> (56 - 8 * b));
+    frame[8] = 0x80, frame[9] = 0, frame[10] = 0, frame[11] = 9;
+    int ok = idle && st_io(idle, 1, frame, 12, 3000) == 0 && st_io(idle, 1, h, hl, 3000) == 0 &&
+             st_io(idle, 0, rh, 12, 5000) == 0;
+    Lnorm__V1__Response *resp = NULL;
+    if (ok) {
+        size_t n = 0;
+        for (int b = 0; b < 8; b++)
+            n = n << 8 | rh[b];
+        uint8_t *body = n >= 4 && n < (1u << 20) ? malloc(n - 4) : NULL;
+        if (body && st_io(idle, 0, body, n - 4, 5000) == 0)
+            resp = fw_unpack(body, n - 4);
+        free(body);
+    }
+    CHECK(resp && resp->body_case == LNORM__V1__RESPONSE__BODY_HEALTH, "the idle TLS connection got no Health reply");
+    if (resp)
+        lnorm__v1__response__free_unpacked(resp, NULL);
+    free(h);
+    for (int i = 0; i < NT; i++)
+        if (t[i])
+            nng_stream_close(t[i]);
+    for (int i = 0; i < NT; i++)
+        if (cl[i].aio)
+            nng_aio_wait(cl[i].aio); /* (the tricklers are not freed: a send of theirs may be NNG's still) */
+    if (idle)
+        nng_stream_free(idle);
+    nng_stream_dialer_free(dl);
+    nng_tls_config_free(cfg);
+    fl_stats st;
+    fl_stop(load, &st);
+    CHECK(st.wrong == 0 && st.failed == 0 && st.ok > 0, "good clients: %ld ok, problems: %s", st.ok,
+          st.first_problem);
+    td_stop_check(&d, "on SIGTERM");
+    return check_finish("fault.hostile_frames_tls");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[2], "tls")) {
+        signal(SIGPIPE, SIG_IGN);
+        td_watchdog(90);
+        return tls_main(argv[1], argv[3]);
+    }
     if (argc < 2 || (argc > 2 && strcmp(argv[2], "measure"))) {
-        fprintf(stderr, "usage: %s LNORMD [measure [LNORMD-ARGS...]]\n", argv[0]);
+        fprintf(stderr, "usage: %s LNORMD [measure [LNORMD-ARGS...] | tls GEN_CERTS_SH]\n", argv[0]);
         return 2;
     }
     const int measure = argc > 2 && !strcmp(argv[2], "measure");
