@@ -318,8 +318,13 @@ static uint64_t lnorm__bytes_read(lnorm__conns *c, lnorm__conn *r, int *ok)
  * why[i] 0 (frame-timeout-ms) or 1 (max-receive-bytes). */
 static size_t lnorm__tick(lnorm__conns *c, uint32_t *out, int *why, size_t outcap)
 {
+    int watched = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n && !watched; i++)
+        watched = c->v[i].kind != CONN_IPC;
+    pthread_mutex_unlock(&c->mu);
     nng_stat *root;
-    if (nng_stats_get(&root) != 0)
+    if (!watched || nng_stats_get(&root) != 0)
         return 0;
     const uint64_t sid = (uint64_t)nng_socket_id(c->sock), now = lnorm__now_ns();
     size_t nout = 0;
@@ -399,10 +404,11 @@ static size_t lnorm__tick(lnorm__conns *c, uint32_t *out, int *why, size_t outca
 static void *lnorm__watchdog(void *arg)
 {
     lnorm__conns *c = arg;
-    /* A quarter of the timeout between looks (50 ms to 1 s): a frame is
-     * closed between timeout and timeout + two looks after it began. */
+    /* A quarter of the timeout between looks, 50 to 250 ms: a frame is
+     * closed between timeout and timeout + two looks after it began, and
+     * max-receive-bytes is overrun by at most what arrives in one look. */
     uint64_t period = c->timeout_ns ? c->timeout_ns / 4 : 250000000ull;
-    period = period < 50000000ull ? 50000000ull : period > 1000000000ull ? 1000000000ull : period;
+    period = period < 50000000ull ? 50000000ull : period > 250000000ull ? 250000000ull : period;
     uint32_t ids[256];
     int why[256];
     pthread_mutex_lock(&c->mu);
