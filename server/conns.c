@@ -51,7 +51,7 @@ struct lnorm__conns {
     } ls[LNORM__MAX_LISTEN * 2];
     int nls;
     uint64_t last_refuse_log_ns, last_close_log_ns;
-    int tcp_info_missing_logged;
+    atomic_int tcp_info_missing_logged;
 };
 
 lnorm__conns *lnorm__conns_create(const lnorm__config *cfg, lnorm__stats *st)
@@ -135,12 +135,6 @@ int lnorm__conns_admit(lnorm__conns *c, nng_pipe p)
         }
         if (nng_pipe_get_addr(p, NNG_OPT_LOCADDR, &loc) != 0 || lnorm__to_sockaddr(&loc, &r.loc) != 0)
             memset(&r.loc, 0, sizeof r.loc); /* never matched: not watched */
-        /* TLS hides where messages end: what NNG has read by now (the
-         * handshakes, and what its TLS layer read ahead) is the base. */
-        int ok = 0;
-        if (r.kind == CONN_TLS && r.loc.ss_family && (r.fd = lnorm__fd_for(&r.loc, &r.rem)) >= 0)
-            r.base = lnorm__bytes_read(c, &r, &ok);
-        r.based = ok;
     }
     pthread_mutex_lock(&c->mu);
     int li = 0;
@@ -178,6 +172,20 @@ int lnorm__conns_admit(lnorm__conns *c, nng_pipe p)
         pthread_mutex_unlock(&c->mu);
         if (c->st)
             atomic_fetch_add(&c->st->connections, 1);
+        /* TLS hides where messages end: what NNG has read by now (the
+         * handshakes, and what its TLS layer read ahead) is the base. (A
+         * look in between takes its own base, as late or later.) */
+        int ok = 0;
+        if (r.kind == CONN_TLS && r.loc.ss_family && (r.fd = lnorm__fd_for(&r.loc, &r.rem)) >= 0)
+            r.base = lnorm__bytes_read(c, &r, &ok);
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = 0; ok && i < c->n; i++)
+            if (c->v[i].id == r.id && !c->v[i].based) {
+                c->v[i].fd = r.fd;
+                c->v[i].base = r.base;
+                c->v[i].based = 1;
+            }
+        pthread_mutex_unlock(&c->mu);
         return 1;
     }
     uint64_t now = lnorm__now_ns();
@@ -304,8 +312,7 @@ static uint64_t lnorm__bytes_read(lnorm__conns *c, lnorm__conn *r, int *ok)
     if (getsockopt(r->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) != 0 ||
         tl < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received ||
         ioctl(r->fd, SIOCINQ, &inq) != 0) {
-        if (!c->tcp_info_missing_logged) {
-            c->tcp_info_missing_logged = 1;
+        if (!atomic_exchange(&c->tcp_info_missing_logged, 1)) {
             LOG_WARN("frame-timeout-ms: the kernel does not count a connection's bytes (TCP_INFO): not applied");
         }
         return 0;
