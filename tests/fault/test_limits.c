@@ -244,6 +244,9 @@ static void check_params_limit(nng_socket s)
            exhausted ? msg : "never");
     CHECK(exhausted && ok >= 1 && ok <= 4, "params memory limit 4096: %d accepted, exhausted %d",
           ok, exhausted);
+    /* status texts name the field by its path from Request, then a colon */
+    CHECK(!exhausted || (!strncmp(msg, "register_params.params_id: '", 28) && strstr(msg, "max-params-bytes")),
+          "the params limit's text does not name register_params.params_id as a path: %s", msg);
     uint8_t *buf = pack_drop(40, "lim.p0", &len);
     int code = status_of(s, buf, len, 40, msg, sizeof msg);
     free(buf);
