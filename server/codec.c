@@ -537,6 +537,74 @@ static int lnorm__unpack(const uint8_t *buf, size_t len, ProtobufCAllocator *all
  * nowhere) and a string with a NUL byte (a C string would end there) are
  * errors. Malformed bytes end the scan quietly: protobuf-c then rejects the
  * message with its own error. */
+/* Status texts name a field by its path from the Request, as the proto's
+ * field names spell it ("register_params.params_id",
+ * "normalize.affine.params_id"): the path to a message of type want, into
+ * path (depth-first, at most 4 levels); 0 when found. */
+static int lnorm__field_path(const ProtobufCMessageDescriptor *in, const ProtobufCMessageDescriptor *want, int depth,
+                             char *path, size_t len)
+{
+    if (in == want)
+        return 0;
+    for (unsigned i = 0; depth < 4 && i < in->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &in->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        size_t at = strlen(path);
+        snprintf(path + at, len - at, "%s%s", at ? "." : "", f->name);
+        if (lnorm__field_path(f->descriptor, want, depth + 1, path, len) == 0)
+            return 0;
+        path[at] = 0;
+    }
+    return -1;
+}
+
+/* A field that is not repeated given twice, or two fields of one oneof
+ * (two bodies in a Request): INVALID_ARGUMENT naming the second, rather
+ * than protobuf's merge (messages) or last-one-wins (the rest), which a
+ * client would only mean by mistake. Recurses into sub-messages; path is
+ * the message's path from Request. LNORM_OK, or LNORM_EINVAL (err). */
+static int lnorm__once_check(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *desc, int depth,
+                             char *path, size_t pathlen, char *err, size_t errlen)
+{
+    enum { MAXF = 64 };
+    uint8_t seen[MAXF] = {0};
+    lnorm__wire_rd r = lnorm__wire_reader(buf, len);
+    while (r.p < r.end) {
+        lnorm__wire_field fl;
+        if (lnorm__wire_next_field(&r, &fl) != 0)
+            return LNORM_OK; /* malformed: protobuf-c says so */
+        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, fl.num);
+        if (!fd || (size_t)(fd - desc->fields) >= MAXF)
+            continue;
+        const size_t i = (size_t)(fd - desc->fields);
+        const char *sep = path[0] ? "." : "";
+        if (fd->label != PROTOBUF_C_LABEL_REPEATED) {
+            if (seen[i])
+                return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: given twice (at most once)", path, sep,
+                                   fd->name);
+            for (size_t j = 0; j < desc->n_fields && j < MAXF; j++) {
+                const ProtobufCFieldDescriptor *o = &desc->fields[j];
+                if (seen[j] && (fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && (o->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                    o->quantifier_offset == fd->quantifier_offset)
+                    return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: given with %s%s%s (one of them at most%s)",
+                                       path, sep, fd->name, path, sep, o->name,
+                                       desc == &lnorm__v1__request__descriptor ? ": one body per Request" : "");
+            }
+            seen[i] = 1;
+        }
+        if (fd->type == PROTOBUF_C_TYPE_MESSAGE && fl.wt == LNORM__WIRE_LEN && depth < 8) {
+            size_t at = strlen(path);
+            snprintf(path + at, pathlen - at, "%s%s", sep, fd->name);
+            int rc = lnorm__once_check(fl.data, fl.len, fd->descriptor, depth + 1, path, pathlen, err, errlen);
+            path[at] = 0;
+            if (rc)
+                return rc;
+        }
+    }
+    return LNORM_OK;
+}
+
 static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t errlen)
 {
     lnorm__scan sc = {0};
@@ -546,10 +614,15 @@ static int lnorm__scan_request(const uint8_t *buf, size_t len, char *err, size_t
         return lnorm__fail(err, errlen, LNORM_EINVAL,
                            "message: %u fields of %zu bytes not in the lnorm.v1 schema (at most %u, of %u bytes)",
                            sc.unknown, sc.unknown_bytes, LNORM__MAX_UNKNOWN_FIELDS, LNORM__MAX_UNKNOWN_BYTES);
-    if (sc.nul)
-        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s.%s: a string with a NUL byte", sc.nul_in->short_name,
+    if (sc.nul) {
+        char path[128] = "";
+        if (lnorm__field_path(&lnorm__v1__request__descriptor, sc.nul_in, 0, path, sizeof path) != 0)
+            snprintf(path, sizeof path, "%s", sc.nul_in->short_name);
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "%s%s%s: a string with a NUL byte", path, path[0] ? "." : "",
                            sc.nul->name);
-    return LNORM_OK;
+    }
+    char path[128] = "";
+    return lnorm__once_check(buf, len, &lnorm__v1__request__descriptor, 0, path, sizeof path, err, errlen);
 }
 
 static int lnorm__decode(const uint8_t *buf, size_t len, const lnorm__limits *lim, ProtobufCAllocator *alloc,

@@ -98,8 +98,8 @@ static const lnorm__key lnorm__keys[] = {
      "one reply after another). Each send waits for NNG's socket lock: 4 held lnormd near 31k req/s "
      "on a 16-core host, 16 near the echo server's 51k"},
     {"max-message-bytes", K_U64, O(max_message_bytes), 1024, 1ull << 31, "67108864",
-     "largest request accepted (RESOURCE_EXHAUSTED above; the NNG receive limit is this plus 1 MiB, "
-     "larger messages are dropped by NNG)"},
+     "largest request accepted (RESOURCE_EXHAUSTED above; the NNG receive limit per connection is this plus "
+     "1 MiB: a larger message closes its connection unanswered)"},
     {"max-rows", K_U64, O(max_rows), 1, 1ull << 32, "1048576", "most rows in one request"},
     {"max-hidden", K_U64, O(max_hidden), 1, 1u << 24, "65536", "largest hidden size (at most 2^24)"},
     {"max-params-bytes", K_U64, O(max_params_bytes), 0, 1ull << 40, "268435456",
@@ -117,6 +117,17 @@ static const lnorm__key lnorm__keys[] = {
     {"shm-max-bytes", K_U64, O(shm_max_bytes), 4096, 1ull << 44, "68719476736",
      "bytes of shared-memory regions per client process (each is mapped into lnormd and pinned for the GPU)"},
     {"contexts", K_U64, O(contexts), 1, 65536, "1024", "NNG contexts: requests received and served at once (beyond them NNG applies back-pressure)"},
+    {"max-connections", K_U64, O(max_connections), 1, 1000000, "1024",
+     "connections one listener keeps; more are closed as they arrive. Each may hold one frame in progress of "
+     "up to max-message-bytes + 1 MiB (docs/security.md)"},
+    {"max-connections-per-peer", K_U64, O(max_connections_per_peer), 1, 1000000, "64",
+     "connections from one remote address (tcp://, tls+tcp://, all listeners together); more are closed as "
+     "they arrive"},
+    {"frame-timeout-ms", K_U64, O(frame_timeout_ms), 0, 3600000, "10000",
+     "a tcp:// or tls+tcp:// connection whose message has been arriving for longer is closed (0: never)"},
+    {"max-receive-bytes", K_U64, O(max_receive_bytes), 1 * MiB, 1ull << 44, "536870912",
+     "bytes of messages still arriving over tcp:// and tls+tcp://, every connection together; beyond it the "
+     "connections with the most are closed (seen a few times a second: docs/security.md)"},
     {"send-timeout-ms", K_U64, O(send_timeout_ms), 1, 3600000, "10000",
      "a reply not taken by its client within this time is dropped (frees the context)"},
     {"drain-timeout-ms", K_U64, O(drain_timeout_ms), 0, 3600000, "10000",

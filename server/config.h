@@ -46,6 +46,10 @@ typedef struct lnorm__config {
     uint64_t max_params_bytes;
     uint64_t max_inflight_bytes;
     uint64_t contexts;
+    uint64_t max_connections;
+    uint64_t max_connections_per_peer;
+    uint64_t frame_timeout_ms;
+    uint64_t max_receive_bytes;
     bool allow_shm;
     char shm_uids[LNORM__STR_MAX];
     uint64_t shm_uid[16];    /* parsed from the list */

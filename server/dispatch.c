@@ -590,9 +590,9 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
                      (unsigned long long)p->hidden);
             lnorm__reply_body(d, slot, &r);
         } else {
-            snprintf(err, sizeof err, "register_params.params_id '%s': %s%s", p->params_id,
-                     rc == LNORM_EEXIST ? "already registered (drop it first to replace it)" : lnorm_strerror(rc),
-                     rc == LNORM_ELIMIT ? " (max-params-bytes)" : "");
+            snprintf(err, sizeof err, "register_params.params_id: '%s' %s%s%s", p->params_id,
+                     rc == LNORM_EEXIST ? "is already registered (drop it first to replace it)" : "not registered: ",
+                     rc == LNORM_EEXIST ? "" : lnorm_strerror(rc), rc == LNORM_ELIMIT ? " (max-params-bytes)" : "");
             lnorm__reply_error(d, slot, dec.request_id, rc, err);
         }
         break;

@@ -391,7 +391,7 @@ int main(int argc, char **argv)
         }
         lnorm__regions_set_rings(d->regions, d->rings);
     }
-    rc = lnorm__transport_create(&d->tp, &d->cfg, lnorm__dispatch_msg, d, err, sizeof err);
+    rc = lnorm__transport_create(&d->tp, &d->cfg, &d->stats, lnorm__dispatch_msg, d, err, sizeof err);
     if (rc != LNORM_OK) {
         LOG_ERROR("%s", err);
         exit_code = rc == LNORM_EINVAL ? 2 : 1;

@@ -215,6 +215,22 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_counter(&b, "lnormd_shm_regions", "gauge", "Shared-memory regions registered by clients.", (unsigned long long)LDS(s->shm_regions));
     lnorm__render_counter(&b, "lnormd_shm_bytes", "gauge", "Bytes of those regions (mapped into lnormd).", (unsigned long long)LDS(s->shm_bytes));
     lnorm__render_counter(&b, "lnormd_shm_rings", "gauge", "Submission rings attached to them.", (unsigned long long)LDS(s->shm_rings));
+    lnorm__render_counter(&b, "lnormd_connections", "gauge", "Connections open (every listener).",
+                          (unsigned long long)LDS(s->connections));
+    lnorm__sb_printf(&b, "# HELP lnormd_connections_refused_total Connections closed on arrival, by the limit that "
+                         "refused them.\n# TYPE lnormd_connections_refused_total counter\n"
+                         "lnormd_connections_refused_total{limit=\"listener\"} %llu\n"
+                         "lnormd_connections_refused_total{limit=\"peer\"} %llu\n",
+                     LD(s->conns_refused_listener), LD(s->conns_refused_peer));
+    lnorm__render_counter(&b, "lnormd_frames_timed_out_total", "counter",
+                          "Connections closed with a message arriving for longer than frame-timeout-ms.",
+                          LD(s->frames_timed_out));
+    lnorm__render_counter(&b, "lnormd_frames_over_budget_total", "counter",
+                          "Connections closed because the messages still arriving held more than max-receive-bytes.",
+                          LD(s->frames_over_budget));
+    lnorm__render_counter(&b, "lnormd_receiving_bytes", "gauge",
+                          "Bytes of messages still arriving over tcp:// and tls+tcp://, as the frame watchdog last saw.",
+                          (unsigned long long)LDS(s->receiving_bytes));
     lnorm__render_counter(&b, "lnormd_cuda_errors_total", "counter",
                           "Batches whose CUDA work failed (then answered with errors, or computed on the CPU).",
                           LD(s->cuda_errors));

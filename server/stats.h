@@ -63,6 +63,12 @@ typedef struct lnorm__stats {
     atomic_int_fast64_t shm_regions;    /* clients' shared-memory regions (set before each render) */
     atomic_int_fast64_t shm_bytes;
     atomic_int_fast64_t shm_rings;
+    atomic_int_fast64_t connections;            /* pipes taken (conns.c) */
+    atomic_uint_fast64_t conns_refused_listener; /* closed on arrival: max-connections */
+    atomic_uint_fast64_t conns_refused_peer;     /* closed on arrival: max-connections-per-peer */
+    atomic_uint_fast64_t frames_timed_out;       /* closed by the frame watchdog: frame-timeout-ms */
+    atomic_int_fast64_t receiving_bytes;         /* of frames in progress, the watchdog's last look */
+    atomic_uint_fast64_t frames_over_budget;     /* closed by the frame watchdog: max-receive-bytes */
     /* The backend's own counters (lnorm__backend_counters), copied in by
      * lnorm__stats_set_backend before each render. */
     atomic_uint_fast64_t cuda_errors;           /* jobs whose CUDA work failed */

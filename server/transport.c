@@ -10,6 +10,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/supplemental/tls/tls.h>
 
+#include "conns.h"
 #include "log.h"
 #include "lnorm/errors.h"
 #include "stats.h"
@@ -32,6 +33,7 @@ struct lnorm__transport {
     char urls[LNORM__MAX_LISTEN][LNORM__STR_MAX + 16];
     int nls;
     nng_tls_config *tls;
+    lnorm__conns *conns; /* connection limits, frame watchdog */
     lnorm__slot *slots;
     int nslots;
     lnorm__on_msg_fn on_msg;
@@ -168,8 +170,12 @@ void lnorm__transport_on_close(lnorm__transport *tp, void (*fn)(void *arg, uint3
 static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     lnorm__transport *tp = arg;
-    if (ev == NNG_PIPE_EV_ADD_PRE && atomic_load(&tp->draining))
-        nng_pipe_close(p);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        /* Closed here, a pipe is never used: NNG has not begun to read it. */
+        if (atomic_load(&tp->draining) || !lnorm__conns_admit(tp->conns, p))
+            nng_pipe_close(p);
+        return;
+    }
     uint32_t id = (uint32_t)nng_pipe_id(p);
     if (ev == NNG_PIPE_EV_ADD_POST) {
         /* (A failed allocation leaves the pipe untracked: the drain then
@@ -190,6 +196,7 @@ static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
         }
         pthread_mutex_unlock(&tp->pmu);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
+        lnorm__conns_removed(tp->conns, p);
         if (tp->on_close)
             tp->on_close(tp->on_close_arg, id);
         pthread_mutex_lock(&tp->pmu);
@@ -309,12 +316,16 @@ static int lnorm__listen(lnorm__transport *tp, const char *url, char *err, size_
     return LNORM_OK;
 }
 
-int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__on_msg_fn fn, void *arg,
-                            char *err, size_t errlen)
+int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__stats *st, lnorm__on_msg_fn fn,
+                            void *arg, char *err, size_t errlen)
 {
     lnorm__transport *tp = calloc(1, sizeof *tp);
     if (!tp)
         return LNORM_ENOMEM;
+    if (!(tp->conns = lnorm__conns_create(cfg, st))) {
+        free(tp);
+        return LNORM_ENOMEM;
+    }
     pthread_mutex_init(&tp->pmu, NULL);
     tp->on_msg = fn;
     tp->arg = arg;
@@ -323,12 +334,21 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
     if ((rv = nng_rep0_open(&tp->sock)) != 0) {
         snprintf(err, errlen, "rep0 socket: %s", nng_strerror(rv));
         pthread_mutex_destroy(&tp->pmu);
+        lnorm__conns_destroy(tp->conns);
         free(tp);
         return LNORM_ETRANSPORT;
     }
     tp->sock_open = 1;
+    if ((rv = lnorm__conns_watch(tp->conns, tp->sock)) != 0) {
+        snprintf(err, errlen, "frame watchdog: %s", strerror(rv));
+        lnorm__transport_close(tp);
+        lnorm__transport_destroy(tp);
+        return LNORM_ENOMEM;
+    }
     /* Messages up to 1 MiB over max-message-bytes are still received so that
-     * they can be answered RESOURCE_EXHAUSTED; NNG drops larger ones. */
+     * they can be answered RESOURCE_EXHAUSTED; NNG closes the connection of
+     * a larger one when its length arrives (the receive limit per connection:
+     * one frame is in progress on a connection at a time). */
     nng_socket_set_size(tp->sock, NNG_OPT_RECVMAXSZ, (size_t)cfg->max_message_bytes + (1u << 20));
     nng_pipe_notify(tp->sock, NNG_PIPE_EV_ADD_PRE, lnorm__pipe_cb, tp);
     nng_pipe_notify(tp->sock, NNG_PIPE_EV_ADD_POST, lnorm__pipe_cb, tp);
@@ -443,6 +463,7 @@ void lnorm__transport_destroy(lnorm__transport *tp)
     }
     free(tp->slots);
     free(tp->pipes);
+    lnorm__conns_destroy(tp->conns);
     pthread_mutex_destroy(&tp->pmu);
     if (tp->tls)
         nng_tls_config_free(tp->tls);

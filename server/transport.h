@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "peer.h"
+#include "stats.h"
 
 typedef struct lnorm__transport lnorm__transport;
 
@@ -21,10 +22,11 @@ typedef struct lnorm__transport lnorm__transport;
 typedef void (*lnorm__on_msg_fn)(void *arg, void *slot, nng_msg *msg);
 
 /* Open the socket and start the listeners of cfg (bound at return; the real
- * URLs are in lnorm__transport_url). LNORM_EINVAL for a bad URL or TLS
+ * URLs are in lnorm__transport_url), with cfg's connection limits and frame
+ * timeout (conns.h), counted in st. LNORM_EINVAL for a bad URL or TLS
  * file, LNORM_ETRANSPORT when binding fails; errbuf says which. */
-int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__on_msg_fn fn, void *arg,
-                            char *errbuf, size_t errlen);
+int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__stats *st, lnorm__on_msg_fn fn,
+                            void *arg, char *errbuf, size_t errlen);
 /* Post the receives: requests start flowing. */
 int lnorm__transport_start(lnorm__transport *tp);
 int lnorm__transport_nlisteners(const lnorm__transport *tp);

@@ -17,6 +17,7 @@
 #include "half.h"
 #include "lnorm/lnorm.h"
 #include "npy.h"
+#include "progress.h"
 
 #define DEFAULT_URL "tcp://127.0.0.1:7878" /* lnormd's default listen URL */
 
@@ -36,8 +37,12 @@ static const char *usage_main =
 
 static const char *usage_normalize =
     "usage: lnorm normalize --in x.npy --out y.npy [options]\n"
-    "  --in FILE          input, .npy float32 ('<f4') or float16 ('<f2'), 1-D or 2-D\n"
-    "  --out FILE         output, .npy of the same shape and dtype as the input\n"
+    "  --in FILE          input, .npy float32 ('<f4'), float16 ('<f2') or bfloat16 (ml_dtypes,\n"
+    "                     saved by numpy as '<V2'), 1-D or 2-D; float64 with --convert-f64\n"
+    "  --out FILE         output, .npy of the input's shape, in --out-dtype (bf16: '<V2';\n"
+    "                     np.load(f).view(ml_dtypes.bfloat16))\n"
+    "  --out-dtype T      f32, f16 or bf16 (default: the input's dtype)\n"
+    "  --convert-f64      float64 .npy inputs are converted to float32 (else refused)\n"
     "  --op ln|rms        LayerNorm (default) or RMSNorm\n"
     "  --eps E            epsilon, > 0 (default 1e-5)\n"
     "  --eps-outside      rstd = 1/(sqrt(var)+eps) instead of 1/sqrt(var+eps)\n"
@@ -52,11 +57,13 @@ static const char *usage_normalize =
     "  --chunk-bytes N    client chunk size (default: the library's)\n"
     "  --priority P       batching priority level, 1..the server's priority-levels (0: its default)\n"
     "  --max-queue-us US  longest wait in the server's queue (0: the server's max-queue-wait-us)\n"
-    "  --url URL, --timeout-ms MS\n";
+    "  --url URL, --timeout-ms MS\n"
+    "A progress line goes to stderr when it is a terminal and the input is over 64 MiB.\n";
 
 static const char *usage_register =
-    "usage: lnorm register --id ID --gamma g.npy [--beta b.npy] [--url URL]\n"
-    "  gamma and beta: 1-D .npy, float32 or float16 (mixed dtypes are sent as float32)\n";
+    "usage: lnorm register --id ID --gamma g.npy [--beta b.npy] [--convert-f64] [--url URL]\n"
+    "  gamma and beta: 1-D .npy, float32, float16 or bfloat16 (mixed dtypes are sent as float32;\n"
+    "  float64 with --convert-f64)\n";
 
 static const char *usage_drop = "usage: lnorm drop --id ID [--url URL]\n";
 static const char *usage_health = "usage: lnorm health [--url URL]\n";
@@ -138,7 +145,8 @@ static int report(const char *what, int rv, const lnorm_result *res)
 enum {
     O_URL = 1000, O_TIMEOUT, O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
     O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, O_ID, O_HELP,
-    O_PRIO, O_MAXQ
+    O_PRIO, O_MAXQ,
+    O_OUTDT, O_F64
 };
 
 static const struct option long_opts[] = {
@@ -152,6 +160,7 @@ static const struct option long_opts[] = {
     {"residual", required_argument, 0, O_RES},  {"residual-out", required_argument, 0, O_RESOUT},
     {"chunk-bytes", required_argument, 0, O_CHUNK}, {"id", required_argument, 0, O_ID},
     {"priority", required_argument, 0, O_PRIO}, {"max-queue-us", required_argument, 0, O_MAXQ},
+    {"out-dtype", required_argument, 0, O_OUTDT}, {"convert-f64", no_argument, 0, O_F64},
     {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
 
 /* Everything the commands may be given. */
@@ -161,7 +170,44 @@ typedef struct args {
     int op, eps_outside, raw_bf16, help, eps_set;
     float eps;
     uint64_t rows, hidden, chunk, priority, max_queue_us;
+    int out_dtype; /* 0: the input's */
 } args;
+
+/* --convert-f64: float64 .npy files are read as float32 (else refused). */
+static int g_convert_f64;
+
+/* Read a .npy file; float64 converted to float32 with --convert-f64, else
+ * refused. 0, or -1 with err. */
+static int read_npy(const char *path, lnorm__npy *a, char *err, size_t errlen)
+{
+    if (lnorm__npy_read(path, a, err, errlen) != 0)
+        return -1;
+    if (a->dtype != LNORM__NPY_F64)
+        return 0;
+    char why[200];
+    if (!g_convert_f64)
+        snprintf(err, errlen,
+                 "%s: float64 is not supported by lnormd (f32, f16, bf16): --convert-f64 converts it to float32",
+                 path);
+    else if (lnorm__npy_to_f32(a, why, sizeof why) == 0)
+        return 0;
+    else
+        snprintf(err, errlen, "%s: --convert-f64: %s", path, why);
+    lnorm__npy_free(a);
+    return -1;
+}
+
+/* --out-dtype: f32 / f16 / bf16 (or float32 / float16 / bfloat16); 0 else. */
+static int parse_dtype(const char *s)
+{
+    if (!strcmp(s, "f32") || !strcmp(s, "float32"))
+        return LNORM_DTYPE_F32;
+    if (!strcmp(s, "f16") || !strcmp(s, "float16"))
+        return LNORM_DTYPE_F16;
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
+        return LNORM_DTYPE_BF16;
+    return 0;
+}
 
 /* --op: ln / layernorm or rms / rmsnorm; -1 for anything else. */
 static int parse_op(const char *s)
@@ -261,6 +307,11 @@ static int parse_args(int argc, char **argv, args *a, const int *allowed, const 
             if (parse_u64(optarg, &a->max_queue_us))
                 return die_usage("--max-queue-us must be a non-negative integer", usage);
             break;
+        case O_OUTDT:
+            if (!(a->out_dtype = parse_dtype(optarg)))
+                return die_usage("--out-dtype must be f32, f16 or bf16", usage);
+            break;
+        case O_F64: g_convert_f64 = 1; break;
         }
     }
     if (optind < argc)
@@ -273,7 +324,7 @@ static int parse_args(int argc, char **argv, args *a, const int *allowed, const 
 static int load_param(const char *path, uint64_t hidden, int want, lnorm__npy *a)
 {
     char err[300];
-    if (lnorm__npy_read(path, a, err, sizeof err) != 0) {
+    if (read_npy(path, a, err, sizeof err) != 0) {
         fprintf(stderr, "lnorm: %s\n", err);
         return 2;
     }
@@ -284,7 +335,7 @@ static int load_param(const char *path, uint64_t hidden, int want, lnorm__npy *a
         lnorm__npy_free(a);
         return 2;
     }
-    if (want == LNORM_DTYPE_F32 && a->dtype == LNORM_DTYPE_F16) {
+    if (want == LNORM_DTYPE_F32 && (a->dtype == LNORM_DTYPE_F16 || a->dtype == LNORM_DTYPE_BF16)) {
         float *f = malloc(n * sizeof *f);
         if (!f) {
             lnorm__npy_free(a);
@@ -292,7 +343,7 @@ static int load_param(const char *path, uint64_t hidden, int want, lnorm__npy *a
         }
         const uint16_t *h = a->data;
         for (uint64_t i = 0; i < n; i++)
-            f[i] = lnorm_f16_to_f32(h[i]);
+            f[i] = a->dtype == LNORM_DTYPE_F16 ? lnorm_f16_to_f32(h[i]) : lnorm_bf16_to_f32(h[i]);
         free(a->data);
         a->data = f;
         a->dtype = LNORM_DTYPE_F32;
@@ -340,6 +391,7 @@ typedef struct norm_job {
     void *raw_x, *raw_r;     /* raw bf16 inputs */
     const void *xp, *rp;     /* x and the residual (NULL: none), either form */
     int dtype, ndim;
+    int ydt;                 /* dtype of y */
     int pdt;                 /* dtype of gamma/beta (0: none given) */
     uint64_t rows, hidden, shape[2];
     void *y, *resout;
@@ -384,7 +436,7 @@ static int read_npy_inputs(const args *a, norm_job *j)
 {
     char err[300];
     lnorm__npy *x = &j->x, *r = &j->r;
-    if (lnorm__npy_read(a->in, x, err, sizeof err) != 0) {
+    if (read_npy(a->in, x, err, sizeof err) != 0) {
         fprintf(stderr, "lnorm: %s\n", err);
         return 2;
     }
@@ -395,7 +447,7 @@ static int read_npy_inputs(const args *a, norm_job *j)
     j->xp = x->data;
     if (!a->res)
         return 0;
-    if (lnorm__npy_read(a->res, r, err, sizeof err) != 0) {
+    if (read_npy(a->res, r, err, sizeof err) != 0) {
         fprintf(stderr, "lnorm: %s\n", err);
         return 2;
     }
@@ -421,7 +473,7 @@ static int read_params(const args *a, norm_job *j)
     for (int k = 0; k < 2; k++) {
         if (!files[k])
             continue;
-        if (lnorm__npy_read(files[k], &probe, err, sizeof err) != 0) {
+        if (read_npy(files[k], &probe, err, sizeof err) != 0) {
             fprintf(stderr, "lnorm: %s\n", err);
             return 2;
         }
@@ -439,7 +491,8 @@ static int read_params(const args *a, norm_job *j)
 static int alloc_outputs(const args *a, norm_job *j)
 {
     size_t n = j->rows * j->hidden * lnorm_dtype_size(j->dtype);
-    j->y = malloc(n);
+    j->ydt = a->out_dtype ? a->out_dtype : j->dtype;
+    j->y = malloc(j->rows * j->hidden * lnorm_dtype_size(j->ydt));
     if (a->res)
         j->resout = malloc(n);
     if (a->stats) {
@@ -460,6 +513,7 @@ static int run_normalize(const args *a, norm_job *j, lnorm_client *c)
 {
     lnorm_normalize_req q;
     lnorm_normalize_req_init(&q, (lnorm_op)a->op, (lnorm_dtype)j->dtype, j->rows, j->hidden);
+    q.y_dtype = (lnorm_dtype)j->ydt;
     q.eps = a->eps;
     q.eps_mode = a->eps_outside ? LNORM_EPS_OUTSIDE : LNORM_EPS_INSIDE;
     q.x = j->xp;
@@ -475,8 +529,32 @@ static int run_normalize(const args *a, norm_job *j, lnorm_client *c)
     q.y = j->y;
     q.priority = (uint32_t)a->priority;
     q.max_queue_us = a->max_queue_us;
+    /* With a progress line (a terminal, over 64 MiB), the rows go in steps
+     * of about 1% (at least 8 MiB); else in one call. */
+    const uint64_t xrow = j->hidden * lnorm_dtype_size(j->dtype), yrow = j->hidden * lnorm_dtype_size(j->ydt);
+    lnorm__progress pg;
+    lnorm__progress_start(&pg, "normalize", j->rows * xrow);
+    uint64_t step = j->rows;
+    if (pg.on) {
+        uint64_t bytes = j->rows * xrow / 100 > (8u << 20) ? j->rows * xrow / 100 : (8u << 20);
+        step = bytes / xrow ? bytes / xrow : 1;
+    }
     lnorm_result res;
-    int rv = lnorm_normalize(c, &q, &res);
+    int rv = LNORM_OK;
+    for (uint64_t r0 = 0; r0 < j->rows && rv == LNORM_OK; r0 += step) {
+        lnorm_normalize_req s = q;
+        s.rows = j->rows - r0 < step ? j->rows - r0 : step;
+        s.x = (const char *)q.x + r0 * xrow;
+        s.residual = q.residual ? (const char *)q.residual + r0 * xrow : NULL;
+        s.residual_out = q.residual_out ? (char *)q.residual_out + r0 * xrow : NULL;
+        s.y = (char *)q.y + r0 * yrow;
+        s.mean = q.mean ? q.mean + r0 : NULL;
+        s.rstd = q.rstd ? q.rstd + r0 : NULL;
+        rv = lnorm_normalize(c, &s, &res);
+        if (rv == LNORM_OK)
+            lnorm__progress_step(&pg, s.rows * xrow);
+    }
+    lnorm__progress_end(&pg);
     return rv == LNORM_OK ? 0 : report("normalize", rv, &res);
 }
 
@@ -509,11 +587,11 @@ static int write_outputs(const args *a, const norm_job *j)
     int werr = 0;
     if (a->raw_bf16) {
         uint64_t n = j->rows * j->hidden * 2;
-        werr |= lnorm__raw_write(a->out, j->y, n, err, sizeof err);
+        werr |= lnorm__raw_write(a->out, j->y, j->rows * j->hidden * lnorm_dtype_size(j->ydt), err, sizeof err);
         if (!werr && a->res)
             werr |= lnorm__raw_write(a->resout, j->resout, n, err, sizeof err);
     } else {
-        werr |= lnorm__npy_write(a->out, j->dtype, j->ndim, j->shape, j->y, err, sizeof err);
+        werr |= lnorm__npy_write(a->out, j->ydt, j->ndim, j->shape, j->y, err, sizeof err);
         if (!werr && a->res)
             werr |= lnorm__npy_write(a->resout, j->dtype, j->ndim, j->shape, j->resout, err, sizeof err);
     }
@@ -530,7 +608,7 @@ static int cmd_normalize(int argc, char **argv)
 {
     static const int allowed[] = {O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
                                   O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK,
-                                  O_PRIO, O_MAXQ, 0};
+                                  O_PRIO, O_MAXQ, O_OUTDT, O_F64, 0};
     args a;
     int status = parse_args(argc, argv, &a, allowed, usage_normalize);
     if (status)
@@ -565,7 +643,7 @@ static int cmd_normalize(int argc, char **argv)
 
 static int cmd_register(int argc, char **argv)
 {
-    static const int allowed[] = {O_ID, O_GAMMA, O_BETA, 0};
+    static const int allowed[] = {O_ID, O_GAMMA, O_BETA, O_F64, 0};
     args a;
     int rv = parse_args(argc, argv, &a, allowed, usage_register);
     if (rv)
@@ -581,7 +659,7 @@ static int cmd_register(int argc, char **argv)
     char err[300];
     lnorm__npy g = {0}, b = {0};
     const char *first = a.gamma ? a.gamma : a.beta;
-    if (lnorm__npy_read(first, &g, err, sizeof err) != 0) {
+    if (read_npy(first, &g, err, sizeof err) != 0) {
         fprintf(stderr, "lnorm: %s\n", err);
         return 2;
     }
@@ -589,7 +667,7 @@ static int cmd_register(int argc, char **argv)
     int dt = g.dtype;
     lnorm__npy_free(&g);
     if (a.gamma && a.beta) {
-        if (lnorm__npy_read(a.beta, &b, err, sizeof err) != 0) {
+        if (read_npy(a.beta, &b, err, sizeof err) != 0) {
             fprintf(stderr, "lnorm: %s\n", err);
             return 2;
         }

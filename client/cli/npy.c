@@ -3,6 +3,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,10 +126,14 @@ static int parse_header(const char *h, lnorm__npy *a, char *err, size_t n)
                 a->dtype = LNORM_DTYPE_F32;
             else if (strcmp(descr, "<f2") == 0)
                 a->dtype = LNORM_DTYPE_F16;
+            else if (strcmp(descr, "<V2") == 0 || strcmp(descr, "|V2") == 0)
+                a->dtype = LNORM_DTYPE_BF16; /* what np.save writes for ml_dtypes.bfloat16 */
+            else if (strcmp(descr, "<f8") == 0)
+                a->dtype = LNORM__NPY_F64;
             else
                 return failf(err, n,
-                             "dtype '%s' is not supported (only little-endian float32 '<f4' and float16 "
-                             "'<f2'; for bfloat16 use --raw-bf16)",
+                             "dtype '%s' is not supported (little-endian float32 '<f4', float16 '<f2', "
+                             "ml_dtypes.bfloat16 '<V2', float64 '<f8' with --convert-f64)",
                              descr);
         } else if (!strcmp(key, "fortran_order")) {
             if (have_order++)
@@ -221,7 +227,7 @@ int lnorm__npy_read(const char *path, lnorm__npy *a, char *err, size_t errlen)
         failf(err, errlen, "%s: empty array", path);
         goto out;
     }
-    size_t es = lnorm_dtype_size(a->dtype);
+    size_t es = a->dtype == LNORM__NPY_F64 ? 8 : lnorm_dtype_size(a->dtype);
     if (count > (SIZE_MAX / es)) {
         failf(err, errlen, "%s: shape too large", path);
         goto out;
@@ -297,23 +303,41 @@ static int write_atomic(const char *path, const void *pre, size_t prelen, const 
     return 0;
 }
 
+int lnorm__npy_to_f32(lnorm__npy *a, char *err, size_t errlen)
+{
+    if (a->dtype != LNORM__NPY_F64)
+        return 0;
+    const size_t n = a->nbytes / 8;
+    const double *d = a->data;
+    float *f = a->data; /* in place: f[i] is written after d[i] and d[<i] are read */
+    for (size_t i = 0; i < n; i++) {
+        double v = d[i];
+        if (isfinite(v) && fabs(v) > FLT_MAX && !isfinite((float)v))
+            return failf(err, errlen, "element %zu, %g, is beyond float32's range", i, v);
+        f[i] = (float)v;
+    }
+    a->dtype = LNORM_DTYPE_F32;
+    a->nbytes = n * 4;
+    return 0;
+}
+
 int lnorm__npy_write(const char *path, int dtype, int ndim, const uint64_t *shape,
                      const void *data, char *err, size_t errlen)
 {
-    if (dtype != LNORM_DTYPE_F32 && dtype != LNORM_DTYPE_F16)
-        return failf(err, errlen, "%s: only f32 and f16 can be written as .npy", path);
+    const char *descr = dtype == LNORM_DTYPE_F32 ? "<f4" : dtype == LNORM_DTYPE_F16 ? "<f2" : "<V2";
+    if (dtype != LNORM_DTYPE_F32 && dtype != LNORM_DTYPE_F16 && dtype != LNORM_DTYPE_BF16)
+        return failf(err, errlen, "%s: only f32, f16 and bf16 can be written as .npy", path);
     if (ndim != 1 && ndim != 2)
         return failf(err, errlen, "%s: only 1-D and 2-D arrays", path);
     char dict[160];
     int dn;
     if (ndim == 1)
-        dn = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
-                      dtype == LNORM_DTYPE_F32 ? "<f4" : "<f2", (unsigned long long)shape[0]);
+        dn = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }", descr,
+                      (unsigned long long)shape[0]);
     else
         dn = snprintf(dict, sizeof dict,
-                      "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
-                      dtype == LNORM_DTYPE_F32 ? "<f4" : "<f2", (unsigned long long)shape[0],
-                      (unsigned long long)shape[1]);
+                      "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }", descr,
+                      (unsigned long long)shape[0], (unsigned long long)shape[1]);
     /* magic(6) + version(2) + len(2) + dict + spaces + '\n', total % 64 == 0 */
     size_t total = 10 + (size_t)dn + 1;
     total = (total + 63) / 64 * 64;

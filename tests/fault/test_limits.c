@@ -10,6 +10,10 @@
  *  - rows 65: RESOURCE_EXHAUSTED; hidden 513: RESOURCE_EXHAUSTED;
  *  - a 128 KiB request (over max-message-bytes, under the NNG limit of
  *    max-message-bytes + 1 MiB): RESOURCE_EXHAUSTED, with its request_id;
+ *  - over raw SP/TCP, a Request of exactly max-message-bytes + 1 MiB - 4
+ *    bytes (an SP frame of the NNG limit, the REQ header's 4 bytes
+ *    included): RESOURCE_EXHAUSTED with its request_id; one byte more:
+ *    no reply, the connection closed at once (not a timeout);
  *  - a 2 MiB message (over the NNG limit): no reply (NNG drops it and
  *    closes that connection, as docs/protocol.md says), other sockets fine;
  *  - RegisterParams of 1 KiB each: RESOURCE_EXHAUSTED once 4096 bytes are
@@ -152,6 +156,49 @@ static int oversize_main(const char *url)
     _exit(rv != 0 ? 0 : 1);
 }
 
+/* The edge of the NNG receive limit, max-message-bytes (65536) + 1 MiB per
+ * SP frame, over raw SP/TCP: the largest frame is answered, one byte more
+ * closes the connection. */
+static void check_size_boundary(void)
+{
+    const size_t limit = 65536 + (1u << 20);
+    for (int over = 0; over <= 1; over++) {
+        size_t len = limit - 4 + (size_t)over;
+        uint8_t *body = calloc(1, len);
+        int fd = fw_tcp_connect(g_url);
+        CHECK(body && fd >= 0 && fw_sp_handshake(fd, 3000) == 0, "raw connection");
+        if (!body || fd < 0) {
+            free(body);
+            continue;
+        }
+        body[0] = 0x08; /* request_id = 21 + over, then zeros */
+        body[1] = (uint8_t)(21 + over);
+        uint32_t rid = 0;
+        uint8_t *rb = NULL;
+        size_t rl = 0;
+        int64_t t0 = td_now_ms();
+        /* (over the limit, the write itself may fail: the connection is closed as the length arrives) */
+        int r = fw_sp_send(fd, 5, body, len) == 0 ? fw_sp_recv(fd, &rid, &rb, &rl, 5000) : over ? -1 : -2;
+        Lnorm__V1__Response *resp = r == 0 ? fw_unpack(rb, rl) : NULL;
+        printf("limits: a Request of %zu bytes (SP frame %zu, NNG limit %zu) -> %s after %lld ms\n", len, len + 4,
+               limit, r == 0 ? "a reply" : r == 1 ? "no reply, connection open" : "connection closed",
+               (long long)(td_now_ms() - t0));
+        if (!over)
+            CHECK(resp && resp->request_id == 21 && resp->status &&
+                      resp->status->code == LNORM__V1__CODE__RESOURCE_EXHAUSTED &&
+                      strstr(resp->status->message, "max-message-bytes"),
+                  "a Request at the NNG limit was not answered RESOURCE_EXHAUSTED (%d)", r);
+        else
+            CHECK(r == -1 && td_now_ms() - t0 < 4000, "a Request over the NNG limit: %d, not a closed connection",
+                  r);
+        if (resp)
+            lnorm__v1__response__free_unpacked(resp, NULL);
+        free(rb);
+        free(body);
+        close(fd);
+    }
+}
+
 static void check_transport_limit(nng_socket good, const char *self)
 {
     fflush(NULL);
@@ -198,6 +245,9 @@ static void check_params_limit(nng_socket s)
            exhausted ? msg : "never");
     CHECK(exhausted && ok >= 1 && ok <= 4, "params memory limit 4096: %d accepted, exhausted %d",
           ok, exhausted);
+    /* status texts name the field by its path from Request, then a colon */
+    CHECK(!exhausted || (!strncmp(msg, "register_params.params_id: '", 28) && strstr(msg, "max-params-bytes")),
+          "the params limit's text does not name register_params.params_id as a path: %s", msg);
     uint8_t *buf = pack_drop(40, "lim.p0", &len);
     int code = status_of(s, buf, len, 40, msg, sizeof msg);
     free(buf);
@@ -329,6 +379,7 @@ int main(int argc, char **argv)
     CHECK(fw_req_open(&s, g_url, 5000, 100) == 0, "open");
     expect_serving(s, "start");
     check_shape_limits(s);
+    check_size_boundary();
     check_transport_limit(s, "/proc/self/exe");
     check_params_limit(s);
     size_t len;

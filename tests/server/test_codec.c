@@ -15,6 +15,31 @@
 
 static const lnorm__limits lim = {1 << 20, 1024, 8192};
 
+/* A status text names its field by the path from Request, in the proto's
+ * field names ("normalize.affine.params_id: ..."): 1 when the text starts
+ * with such a path, ending in a field (then ':' or ' '). */
+static int names_field_path(const char *err)
+{
+    const ProtobufCMessageDescriptor *m = &lnorm__v1__request__descriptor;
+    const char *p = err;
+    for (;;) {
+        size_t n = strcspn(p, ".: ");
+        char name[64];
+        if (!n || n >= sizeof name || !m)
+            return 0;
+        memcpy(name, p, n);
+        name[n] = 0;
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(m, name);
+        if (!f)
+            return 0;
+        p += n;
+        if (*p != '.')
+            return *p == ':' || *p == ' ';
+        p++;
+        m = f->type == PROTOBUF_C_TYPE_MESSAGE ? f->descriptor : NULL;
+    }
+}
+
 static uint8_t *pack(const Lnorm__V1__Request *r, size_t *n)
 {
     *n = lnorm__v1__request__get_packed_size(r);
@@ -285,7 +310,8 @@ int main(void)
             if (at < n)
                 b[at + (size_t)(strchr(id, 0x01) - id)] = 0;
             rc = lnorm__codec_decode_request(b, n, &lim, NULL, &d, err, sizeof err);
-            CHECK(rc == LNORM_EINVAL && strstr(err, "Affine.params_id") && strstr(err, "NUL") && d.request_id == 12345,
+            CHECK(rc == LNORM_EINVAL && !strncmp(err, "normalize.affine.params_id: ", 28) && strstr(err, "NUL") &&
+                      d.request_id == 12345,
                   "NUL id %d: %d %s", i, rc, err);
             lnorm__codec_decoded_free(&d);
             free(b);
@@ -335,6 +361,125 @@ int main(void)
     r.body_case = LNORM__V1__REQUEST__BODY__NOT_SET;
     CHECK(decode(&r, &d, err, sizeof err) == LNORM_EINVAL && strstr(err, "body"), "no body");
     lnorm__codec_decoded_free(&d);
+
+    /* Status texts name fields one way, by their path from Request: a NUL in
+     * each string field, and a sample of other bad fields. */
+    {
+        char nul_id[] = "ab\001cd";
+        struct {
+            Lnorm__V1__Request__BodyCase body;
+            const char *want; /* the path expected, or NULL: any path of the schema */
+        } cases[] = {
+            {LNORM__V1__REQUEST__BODY_REGISTER_PARAMS, "register_params.params_id"},
+            {LNORM__V1__REQUEST__BODY_DROP_PARAMS, "drop_params.params_id"},
+            {LNORM__V1__REQUEST__BODY_REGISTER_PARAMS, NULL}, /* hidden 0 */
+            {LNORM__V1__REQUEST__BODY_NORMALIZE, NULL},       /* bad op */
+            {LNORM__V1__REQUEST__BODY_NORMALIZE, NULL},       /* x of the wrong size */
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            req q2;
+            mkreq(&q2, &rng);
+            Lnorm__V1__RegisterParamsRequest rp2 = LNORM__V1__REGISTER_PARAMS_REQUEST__INIT;
+            Lnorm__V1__DropParamsRequest dp2 = LNORM__V1__DROP_PARAMS_REQUEST__INIT;
+            rp2.params_id = nul_id;
+            rp2.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+            rp2.hidden = 64;
+            rp2.gamma.data = q2.g;
+            rp2.gamma.len = 256;
+            dp2.params_id = nul_id;
+            q2.r.body_case = cases[i].body;
+            if (cases[i].body == LNORM__V1__REQUEST__BODY_REGISTER_PARAMS)
+                q2.r.register_params = &rp2;
+            if (cases[i].body == LNORM__V1__REQUEST__BODY_DROP_PARAMS)
+                q2.r.drop_params = &dp2;
+            if (i == 2) {
+                rp2.params_id = "ok";
+                rp2.hidden = 0;
+            }
+            if (i == 3)
+                q2.n.op = 7;
+            if (i == 4)
+                q2.n.x.len -= 4;
+            size_t n;
+            uint8_t *b = pack(&q2.r, &n);
+            if (cases[i].want) { /* the id's 0x01 becomes 0x00 */
+                for (size_t o = 0; o + 5 <= n; o++)
+                    if (!memcmp(b + o, nul_id, 5))
+                        b[o + 2] = 0;
+            }
+            rc = lnorm__codec_decode_request(b, n, &lim, NULL, &d, err, sizeof err);
+            CHECK(rc == LNORM_EINVAL && names_field_path(err) &&
+                      (!cases[i].want || (!strncmp(err, cases[i].want, strlen(cases[i].want)) &&
+                                          err[strlen(cases[i].want)] == ':')),
+                  "status text %zu does not name its field by its path from Request%s%s: %d '%s'", i,
+                  cases[i].want ? " as " : "", cases[i].want ? cases[i].want : "", rc, err);
+            lnorm__codec_decoded_free(&d);
+            free(b);
+        }
+    }
+
+    /* An empty Affine is no affine; a field given twice and two bodies in
+     * one Request are INVALID_ARGUMENT naming the field (docs/protocol.md). */
+    {
+        req q2;
+        mkreq(&q2, &rng);
+        lnorm__v1__affine__init(&q2.a);
+        q2.n.affine = &q2.a;
+        rc = decode(&q2.r, &d, err, sizeof err);
+        CHECK(rc == LNORM_OK && !d.seg.gamma && !d.seg.beta && !d.params_id &&
+                  d.seg.param_dtype == (int)q2.n.x_dtype,
+              "an empty Affine is not the same as none: %d %s", rc, err);
+        lnorm__codec_decoded_free(&d);
+        q2.n.affine = NULL;
+
+        /* Request{normalize} twice; Request{normalize} then Request{health}. */
+        q2.r.request_id = 0;
+        q2.r.deadline_us = 0;
+        Lnorm__V1__Request h = LNORM__V1__REQUEST__INIT;
+        Lnorm__V1__HealthRequest hb = LNORM__V1__HEALTH_REQUEST__INIT;
+        h.body_case = LNORM__V1__REQUEST__BODY_HEALTH;
+        h.health = &hb;
+        size_t n1, n2;
+        uint8_t *b1 = pack(&q2.r, &n1), *b2 = pack(&h, &n2);
+        uint8_t *cat = malloc(2 * n1 + n2 + 16);
+        memcpy(cat, b1, n1);
+        memcpy(cat + n1, b1, n1);
+        rc = lnorm__codec_decode_request(cat, 2 * n1, &lim, NULL, &d, err, sizeof err);
+        CHECK(rc == LNORM_EINVAL && !strncmp(err, "normalize: given twice", 22), "normalize twice: %d '%s'", rc, err);
+        lnorm__codec_decoded_free(&d);
+        memcpy(cat + n1, b2, n2);
+        rc = lnorm__codec_decode_request(cat, n1 + n2, &lim, NULL, &d, err, sizeof err);
+        CHECK(rc == LNORM_EINVAL && !strncmp(err, "health: given with normalize", 28) && strstr(err, "one body"),
+              "two bodies: %d '%s'", rc, err);
+        lnorm__codec_decoded_free(&d);
+
+        /* normalize { ...; x } with a second x (both of the right size). */
+        Lnorm__V1__NormalizeRequest xonly = LNORM__V1__NORMALIZE_REQUEST__INIT;
+        xonly.x = q2.n.x;
+        size_t nn = lnorm__v1__normalize_request__get_packed_size(&q2.n),
+               nx = lnorm__v1__normalize_request__get_packed_size(&xonly);
+        uint8_t *body = malloc(nn + nx);
+        lnorm__v1__normalize_request__pack(&q2.n, body);
+        lnorm__v1__normalize_request__pack(&xonly, body + nn);
+        size_t o = 0;
+        cat[o++] = (10 << 3) | 2;
+        for (uint64_t v = nn + nx; ; v >>= 7) {
+            cat[o++] = (uint8_t)(v & 0x7f) | (v >= 0x80 ? 0x80 : 0);
+            if (v < 0x80)
+                break;
+        }
+        uint8_t *m = malloc(o + nn + nx);
+        memcpy(m, cat, o);
+        memcpy(m + o, body, nn + nx);
+        rc = lnorm__codec_decode_request(m, o + nn + nx, &lim, NULL, &d, err, sizeof err);
+        CHECK(rc == LNORM_EINVAL && !strncmp(err, "normalize.x: given twice", 24), "x twice: %d '%s'", rc, err);
+        lnorm__codec_decoded_free(&d);
+        free(m);
+        free(body);
+        free(cat);
+        free(b1);
+        free(b2);
+    }
 
     /* Packing an error reply. */
     nng_msg *msg;
