@@ -156,14 +156,14 @@ int main(int argc, char **argv)
         {"backward --x missing.npy --dy a.npy --dx-out o.npy", "missing.npy"},
         {"backward --x a.npy --dy a.npy --dx-out o.npy --bogus", "unknown option"},
     };
+    /* Refused by lnormd: exit 1 with its message. */
+    int rc = run("backward --x a.npy --dy a.npy --dx-out o.npy --params-id nobody");
+    CHECK(rc == 1 && strstr(out, "nobody"), "unknown params id: exit %d", rc);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = run("%s", bad[i].args);
         CHECK(rc == 2, "'%s': exit %d, want 2", bad[i].args, rc);
         CHECK(strstr(out, bad[i].word) != NULL, "'%s': message lacks '%s'", bad[i].args, bad[i].word);
     }
-    /* Refused by lnormd: exit 1 with its message. */
-    int rc = run("backward --x a.npy --dy a.npy --dx-out o.npy --params-id nobody");
-    CHECK(rc == 1 && strstr(out, "nobody"), "unknown params id: exit %d", rc);
     td_stop_check(&d, "on SIGTERM");
     return check_finish("client.cli_backward");
 }
