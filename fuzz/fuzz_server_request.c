@@ -11,7 +11,10 @@
  *    into exact-size output buffers, reading x/residual/gamma/beta straight
  *    from the decoded message, as lnormd's backend does; so any
  *    disagreement between the sizes the codec checked and what the core
- *    reads is an ASan report.
+ *    reads is an ASan report;
+ *  - accepted normalize_backward: the same for its backward segment
+ *    (lnorm_bwd_segment_validate, lnorm_cpu_run_bwd into exact-size dx,
+ *    dgamma and dbeta).
  * The same bytes then go through the borrowing decoder
  * (lnorm__codec_decode_request_borrow, what lnormd runs on the CPU
  * backend), from a copy in an NNG message as lnormd has them: it must give
@@ -100,6 +103,32 @@ static void run_segment(const lnorm__decoded *d)
     free(s.residual_out);
     free(s.mean);
     free(s.rstd);
+}
+
+static void run_backward(const lnorm__decoded *d)
+{
+    lnorm_bwd_segment s = d->bseg;
+    const char *why = NULL;
+    check(d->dx_bytes == (size_t)s.rows * (size_t)s.hidden * lnorm_dtype_size(s.dx_dtype),
+          "dx_bytes disagrees with the segment");
+    check(d->grad_bytes == (size_t)s.hidden * 4, "grad_bytes disagrees with the segment");
+    check(d->want_dx || d->want_dgamma || d->want_dbeta, "a backward with no output accepted");
+    if (d->params_id)
+        return; /* gamma comes from the registry in lnormd */
+    s.dx = xalloc(d->dx_bytes);
+    if (d->want_dgamma)
+        s.dgamma = xalloc(d->grad_bytes);
+    if (d->want_dbeta)
+        s.dbeta = xalloc(d->grad_bytes);
+    check(lnorm_bwd_segment_validate(&s, &why) == LNORM_OK, why ? why : "backward segment invalid");
+    static lnorm_cpu *cpu;
+    if (!cpu)
+        check(lnorm_cpu_create(&cpu, 1) == LNORM_OK, "lnorm_cpu_create failed");
+    lnorm_bwd_batch b = {&s, 1};
+    check(lnorm_cpu_run_bwd(cpu, &b, &why) == LNORM_OK, why ? why : "backward failed");
+    free(s.dx);
+    free(s.dgamma);
+    free(s.dbeta);
 }
 
 static void check_error_reply(const lnorm__decoded *d, int rv, const char *msg)
@@ -213,6 +242,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check(d.seg.hidden >= 1 && (uint64_t)d.seg.hidden <= lim.max_hidden, "hidden out of limits");
             if (resolve_fake(&d))
                 run_segment(&d);
+        } else if (d.kind == LNORM__REQ_BACKWARD) {
+            check(d.bseg.rows >= 1 && (uint64_t)d.bseg.rows <= lim.max_rows, "rows out of limits");
+            check(d.bseg.hidden >= 1 && (uint64_t)d.bseg.hidden <= lim.max_hidden, "hidden out of limits");
+            run_backward(&d);
         } else {
             check(d.kind == LNORM__REQ_REGISTER || d.kind == LNORM__REQ_DROP ||
                       d.kind == LNORM__REQ_HEALTH || d.kind == LNORM__REQ_INFO ||

@@ -293,6 +293,81 @@ static void gen_normalize_requests(void)
     put_req("bad-x-empty", &b.req);
 }
 
+/* NormalizeBackward requests: valid ones of each op and option, and a few
+ * with one field wrong. */
+static void gen_backward_requests(void)
+{
+    static uint8_t x[4 * 8 * 4], dy[4 * 8 * 4], dres[4 * 8 * 4], g[8 * 4], mean[16], rstd[16];
+    fill_f32(x, 4 * 8, 101);
+    fill_f32(dy, 4 * 8, 102);
+    fill_f32(dres, 4 * 8, 103);
+    fill_f32(g, 8, 104);
+    fill_f32(mean, 4, 105);
+    for (int i = 0; i < 4; i++) {
+        float one = 1.0f + 0.25f * (float)i;
+        memcpy(rstd + 4 * i, &one, 4);
+    }
+    for (int k = 0; k < 8; k++) {
+        Lnorm__V1__Request r;
+        Lnorm__V1__NormalizeBackwardRequest b;
+        Lnorm__V1__Affine a;
+        lnorm__v1__request__init(&r);
+        lnorm__v1__normalize_backward_request__init(&b);
+        lnorm__v1__affine__init(&a);
+        r.request_id = 500 + (uint64_t)k;
+        r.body_case = LNORM__V1__REQUEST__BODY_NORMALIZE_BACKWARD;
+        r.normalize_backward = &b;
+        b.op = k % 2 ? LNORM__V1__OP__OP_RMS_NORM : LNORM__V1__OP__OP_LAYER_NORM;
+        b.x_dtype = LNORM__V1__DTYPE__DTYPE_F32;
+        b.rows = 4;
+        b.hidden = 8;
+        b.x.data = x;
+        b.x.len = sizeof x;
+        b.dy.data = dy;
+        b.dy.len = sizeof dy;
+        b.want_dgamma = k != 1;
+        b.want_dbeta = k >= 2;
+        const char *name = k % 2 ? "bwd-rms-f32-4x8" : "bwd-ln-f32-4x8";
+        if (k == 2) {
+            b.dres.data = dres;
+            b.dres.len = sizeof dres;
+            a.gamma.data = g;
+            a.gamma.len = sizeof g;
+            a.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+            b.affine = &a;
+            b.mean.data = mean;
+            b.mean.len = sizeof mean;
+            b.rstd.data = rstd;
+            b.rstd.len = sizeof rstd;
+            name = "bwd-ln-all-inputs";
+        } else if (k == 3) {
+            b.eps_present_case = LNORM__V1__NORMALIZE_BACKWARD_REQUEST__EPS_PRESENT_EPS;
+            b.eps = 0.5f;
+            b.eps_mode = LNORM__V1__EPS_MODE__EPS_OUTSIDE_SQRT;
+            b.skip_dx = 1;
+            b.rstd.data = rstd;
+            b.rstd.len = sizeof rstd;
+            name = "bwd-rms-eps-outside-no-dx";
+        } else if (k == 4) {
+            b.dy.len -= 4;
+            name = "bwd-bad-dy-size";
+        } else if (k == 5) {
+            b.mean.data = mean;
+            b.mean.len = sizeof mean;
+            name = "bwd-bad-rms-mean";
+        } else if (k == 6) {
+            a.params_id = "bwd-params";
+            b.affine = &a;
+            name = "bwd-ln-params-id";
+        } else if (k == 7) {
+            b.skip_dx = 1;
+            b.want_dgamma = b.want_dbeta = 0;
+            name = "bwd-bad-no-output";
+        }
+        put_req(name, &r);
+    }
+}
+
 static void gen_other_requests(void)
 {
     Lnorm__V1__Request r;
@@ -561,6 +636,7 @@ int main(int argc, char **argv)
     }
     g_outdir = argv[1];
     gen_normalize_requests();
+    gen_backward_requests();
     gen_other_requests();
     gen_responses();
     printf("gen_corpus: wrote %d seeds under %s\n", g_count, g_outdir);

@@ -6,7 +6,9 @@
  * The batcher hands a backend a job: a batch of segments (see
  * kernels/core/lnorm_core.h) whose pointers are HOST pointers: inputs
  * (x, residual, gamma, beta) already filled, outputs (y, residual_out,
- * mean, rstd) allocated and waiting to be written. The backend runs the job
+ * mean, rstd) allocated and waiting to be written; and a batch of backward
+ * segments (lnorm_bwd_segment) in the same way (inputs x, dy, dres, gamma,
+ * mean, rstd; outputs dx, dgamma, dbeta). The backend runs the job
  * asynchronously and calls job->done exactly once, from any thread, when
  * every output is written (or on failure). What the daemon may do with a
  * backend's buffers it learns from ops->caps alone (LNORM__BACKEND_CAP_*).
@@ -28,6 +30,9 @@ typedef struct lnorm__job lnorm__job;
 /* A batch in flight. Owned by the batcher; the backend must not free it. */
 struct lnorm__job {
     lnorm_batch batch;   /* host pointers */
+    /* Backward segments (host pointers; never on a device job): run as
+     * their own launch(es) besides batch, in the same job. */
+    lnorm_bwd_batch bwd;
     uint64_t rows;       /* total rows in the batch */
     uint64_t bytes;      /* total payload bytes (in + out) */
     /* Called exactly once when the job is finished. err is LNORM_OK or an

@@ -39,6 +39,15 @@ static uint64_t lnorm__cpu_now(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A job's forward batch, then its backward batch. */
+static int lnorm__cpu_run_job(lnorm_cpu *cpu, lnorm__job *job, const char **why)
+{
+    int err = lnorm_cpu_run(cpu, &job->batch, why);
+    if (err == LNORM_OK && job->bwd.nsegs)
+        err = lnorm_cpu_run_bwd(cpu, &job->bwd, why);
+    return err;
+}
+
 static void *lnorm__cpu_job_thread(void *arg)
 {
     lnorm__cpu_be *b = arg;
@@ -57,7 +66,7 @@ static void *lnorm__cpu_job_thread(void *arg)
 
         const char *why = NULL;
         uint64_t t0 = lnorm__cpu_now();
-        int err = lnorm_cpu_run(b->cpu, &job->batch, &why);
+        int err = lnorm__cpu_run_job(b->cpu, job, &why);
         job->done(job, err, err ? why : NULL, lnorm__cpu_now() - t0);
     }
 }
@@ -70,7 +79,7 @@ static int lnorm__cpu_submit(lnorm__backend *be, lnorm__job *job)
             return LNORM_EUNAVAIL;
         const char *why = NULL;
         uint64_t t0 = lnorm__cpu_now();
-        int err = lnorm_cpu_run(b->cpu, &job->batch, &why);
+        int err = lnorm__cpu_run_job(b->cpu, job, &why);
         job->done(job, err, err ? why : NULL, lnorm__cpu_now() - t0);
         return LNORM_OK;
     }

@@ -82,6 +82,11 @@ typedef struct lnorm__mapped {
     uintptr_t lo, hi, dev;
 } lnorm__mapped;
 
+/* Where one backward segment's buffers are (always direct). */
+typedef struct lnorm__bwd_plan {
+    lnorm__loc x, dy, dx, dres, gamma, mean, rstd, dgamma, dbeta;
+} lnorm__bwd_plan;
+
 /* A parameter vector placed in this batch (de-duplication by pointer). */
 typedef struct lnorm__pent {
     const void *host;
@@ -102,6 +107,9 @@ typedef struct lnorm__cuda_slot {
     lnorm_segment *dsegs;  /* device-pointer copy of the job's segments */
     lnorm__seg_plan *plan;
     size_t cap;            /* entries of dsegs and plan */
+    lnorm_bwd_segment *dbsegs; /* device-pointer copy of the job's backward segments */
+    lnorm__bwd_plan *bplan;
+    size_t bcap;           /* entries of dbsegs and bplan */
     lnorm__pent *params;   /* distinct parameter vectors of the batch */
     int32_t *phash;        /* open addressing into params, -1: empty */
     size_t pcap, hcap;     /* entries of params, of phash (a power of two) */
@@ -219,9 +227,22 @@ static lnorm__loc lnorm__take(size_t *used, int reg, size_t bytes)
     return l;
 }
 
-/* Make the slot's per-batch tables hold a batch of n segments. */
-static int lnorm__slot_reserve(lnorm__cuda_slot *sl, size_t n)
+/* Make the slot's per-batch tables hold a batch of n forward and nb
+ * backward segments. */
+static int lnorm__slot_reserve(lnorm__cuda_slot *sl, size_t n, size_t nb)
 {
+    if (nb > sl->bcap) {
+        lnorm_bwd_segment *d = realloc(sl->dbsegs, nb * sizeof *d);
+        if (!d)
+            return LNORM_ENOMEM;
+        sl->dbsegs = d;
+        lnorm__bwd_plan *p = realloc(sl->bplan, nb * sizeof *p);
+        if (!p)
+            return LNORM_ENOMEM;
+        sl->bplan = p;
+        sl->bcap = nb;
+    }
+    n += nb; /* the parameter tables below count both kinds */
     if (n > sl->cap) {
         lnorm_segment *d = realloc(sl->dsegs, n * sizeof *d);
         if (!d)
@@ -387,6 +408,30 @@ params:;
         p->beta = lnorm__place_param(be, sl, hmask, used, s->beta, pb);
 }
 
+/* Plan one backward segment: every buffer direct, in its own span. */
+static void lnorm__plan_bwd(lnorm__cuda_be *be, lnorm__cuda_slot *sl, size_t hmask, size_t *used,
+                            const lnorm_bwd_segment *s, lnorm__bwd_plan *p)
+{
+    const size_t sb = (size_t)s->rows * 4, gb = (size_t)s->hidden * 4;
+    memset(p, 0, sizeof *p);
+    p->x = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->x_stride, s->hidden, s->x_dtype));
+    p->dy = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->dy_stride, s->hidden, s->dy_dtype));
+    p->dx = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->dx_stride, s->hidden, s->dx_dtype));
+    if (s->dres)
+        p->dres = lnorm__take(used, LNORM__REG_DIR, lnorm__span(s->rows, s->dres_stride, s->hidden, s->x_dtype));
+    if (s->mean)
+        p->mean = lnorm__take(used, LNORM__REG_DIR, sb);
+    if (s->rstd)
+        p->rstd = lnorm__take(used, LNORM__REG_DIR, sb);
+    if (s->dgamma)
+        p->dgamma = lnorm__take(used, LNORM__REG_DIR, gb);
+    if (s->dbeta)
+        p->dbeta = lnorm__take(used, LNORM__REG_DIR, gb);
+    if (s->gamma)
+        p->gamma = lnorm__place_param(be, sl, hmask, used, s->gamma,
+                                      (size_t)s->hidden * lnorm_dtype_size(s->param_dtype));
+}
+
 #define LNORM__CK(call, what)           \
     do {                                \
         if ((call) != cudaSuccess) {    \
@@ -400,8 +445,14 @@ params:;
 static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__job *job)
 {
     const lnorm_batch *b = &job->batch;
+    const lnorm_bwd_batch *bb = &job->bwd;
     for (size_t i = 0; i < b->nsegs; i++) {
         int rc = lnorm_segment_validate(&b->segs[i], &sl->why);
+        if (rc)
+            return rc;
+    }
+    for (size_t i = 0; i < bb->nsegs; i++) {
+        int rc = lnorm_bwd_segment_validate(&bb->segs[i], &sl->why);
         if (rc)
             return rc;
     }
@@ -409,9 +460,9 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
         sl->why = "injected fault (fault_every, test only)";
         return LNORM_ECUDA;
     }
-    if (b->nsegs == 0)
+    if (b->nsegs == 0 && bb->nsegs == 0)
         return LNORM_OK;
-    if (lnorm__slot_reserve(sl, b->nsegs) != LNORM_OK) {
+    if (lnorm__slot_reserve(sl, b->nsegs, bb->nsegs) != LNORM_OK) {
         sl->why = "out of memory (segment table)";
         return LNORM_ENOMEM;
     }
@@ -419,7 +470,7 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
     /* Pass 1: the layout. */
     size_t used[LNORM__NREG] = {0, 0, 0};
     size_t hn = 16;
-    while (hn < 4 * b->nsegs)
+    while (hn < 4 * (b->nsegs + bb->nsegs))
         hn *= 2;
     memset(sl->phash, 0xff, hn * sizeof *sl->phash);
     sl->nparams = 0;
@@ -431,10 +482,24 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
         nmapped += (uint64_t)sl->plan[i].mapped;
     }
     pthread_rwlock_unlock(&be->map_mu);
+    for (size_t i = 0; i < bb->nsegs; i++)
+        lnorm__plan_bwd(be, sl, hn - 1, used, &bb->segs[i], &sl->bplan[i]);
+    /* The backward's dgamma/dbeta partials: slot memory, after the rest. */
+    size_t scratch_bytes = 0;
+    lnorm__loc scratch = {LNORM__REG_DIR, 0};
+    if (bb->nsegs) {
+        scratch_bytes = lnorm_cuda_bwd_scratch_bytes(bb);
+        if (scratch_bytes == SIZE_MAX) {
+            sl->why = "backward batch: invalid";
+            return LNORM_EINVAL;
+        }
+        scratch = lnorm__take(used, LNORM__REG_DIR, scratch_bytes);
+    }
     sl->any_staged = nstaged != 0;
     atomic_fetch_add_explicit(&be->n_staged, nstaged, memory_order_relaxed);
     atomic_fetch_add_explicit(&be->n_mapped, nmapped, memory_order_relaxed);
-    atomic_fetch_add_explicit(&be->n_direct, (uint64_t)b->nsegs - nstaged - nmapped, memory_order_relaxed);
+    atomic_fetch_add_explicit(&be->n_direct, (uint64_t)(b->nsegs + bb->nsegs) - nstaged - nmapped,
+                              memory_order_relaxed);
 
     const size_t in_bytes = used[LNORM__REG_IN], out_bytes = used[LNORM__REG_OUT];
     const size_t need = in_bytes + out_bytes + used[LNORM__REG_DIR];
@@ -484,6 +549,27 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
             lnorm__copy_rows(sl->hin + p->res.off, row, s->residual, (size_t)s->res_stride * xsz, row, s->rows);
         }
     }
+    for (size_t i = 0; i < bb->nsegs; i++) {
+        const lnorm_bwd_segment *s = &bb->segs[i];
+        const lnorm__bwd_plan *p = &sl->bplan[i];
+        lnorm_bwd_segment *d = &sl->dbsegs[i];
+        *d = *s;
+        d->x = LNORM__DEV(p->x);
+        d->dy = LNORM__DEV(p->dy);
+        d->dx = LNORM__DEV(p->dx);
+        if (s->dres)
+            d->dres = LNORM__DEV(p->dres);
+        if (s->gamma)
+            d->gamma = LNORM__DEV(p->gamma);
+        if (s->mean)
+            d->mean = (const float *)(const void *)LNORM__DEV(p->mean);
+        if (s->rstd)
+            d->rstd = (const float *)(const void *)LNORM__DEV(p->rstd);
+        if (s->dgamma)
+            d->dgamma = (float *)(void *)LNORM__DEV(p->dgamma);
+        if (s->dbeta)
+            d->dbeta = (float *)(void *)LNORM__DEV(p->dbeta);
+    }
     for (size_t k = 0; k < sl->nparams; k++) {
         const lnorm__pent *e = &sl->params[k];
         if (e->loc.reg == LNORM__REG_IN)
@@ -515,12 +601,43 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
                                       cudaMemcpyHostToDevice, st),
                       "cudaMemcpyAsync (residual)");
     }
+    for (size_t i = 0; i < bb->nsegs; i++) {
+        const lnorm_bwd_segment *s = &bb->segs[i];
+        const lnorm_bwd_segment *d = &sl->dbsegs[i];
+        LNORM__CK(cudaMemcpyAsync((void *)d->x, s->x, lnorm__span(s->rows, s->x_stride, s->hidden, s->x_dtype),
+                                  cudaMemcpyHostToDevice, st),
+                  "cudaMemcpyAsync (backward x)");
+        LNORM__CK(cudaMemcpyAsync((void *)d->dy, s->dy, lnorm__span(s->rows, s->dy_stride, s->hidden, s->dy_dtype),
+                                  cudaMemcpyHostToDevice, st),
+                  "cudaMemcpyAsync (backward dy)");
+        if (s->dres)
+            LNORM__CK(cudaMemcpyAsync((void *)d->dres, s->dres,
+                                      lnorm__span(s->rows, s->dres_stride, s->hidden, s->x_dtype),
+                                      cudaMemcpyHostToDevice, st),
+                      "cudaMemcpyAsync (backward dres)");
+        if (s->mean)
+            LNORM__CK(cudaMemcpyAsync((void *)d->mean, s->mean, (size_t)s->rows * 4, cudaMemcpyHostToDevice, st),
+                      "cudaMemcpyAsync (backward mean)");
+        if (s->rstd)
+            LNORM__CK(cudaMemcpyAsync((void *)d->rstd, s->rstd, (size_t)s->rows * 4, cudaMemcpyHostToDevice, st),
+                      "cudaMemcpyAsync (backward rstd)");
+    }
+    void *scratch_dev = scratch_bytes ? LNORM__DEV(scratch) : NULL;
 #undef LNORM__DEV
 
-    lnorm_batch db = {sl->dsegs, b->nsegs};
-    int rc = lnorm_cuda_run(&db, st, sl->ws, &sl->why);
-    if (rc)
-        return rc;
+    int rc = LNORM_OK;
+    if (b->nsegs) {
+        lnorm_batch db = {sl->dsegs, b->nsegs};
+        rc = lnorm_cuda_run(&db, st, sl->ws, &sl->why);
+        if (rc)
+            return rc;
+    }
+    if (bb->nsegs) {
+        lnorm_bwd_batch dbb = {sl->dbsegs, bb->nsegs};
+        rc = lnorm_cuda_run_bwd(&dbb, st, scratch_dev, scratch_bytes, &sl->why);
+        if (rc)
+            return rc;
+    }
 
     /* Downloads: the output region in one copy, then the direct buffers. */
     if (out_bytes)
@@ -550,6 +667,20 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
         if (s->rstd)
             LNORM__CK(cudaMemcpyAsync(s->rstd, d->rstd, (size_t)s->rows * 4, cudaMemcpyDeviceToHost, st),
                       "cudaMemcpyAsync (rstd)");
+    }
+    for (size_t i = 0; i < bb->nsegs; i++) {
+        const lnorm_bwd_segment *s = &bb->segs[i];
+        const lnorm_bwd_segment *d = &sl->dbsegs[i];
+        size_t dxsz = lnorm_dtype_size(s->dx_dtype);
+        LNORM__CK(cudaMemcpy2DAsync(s->dx, (size_t)s->dx_stride * dxsz, d->dx, (size_t)s->dx_stride * dxsz,
+                                    (size_t)s->hidden * dxsz, (size_t)s->rows, cudaMemcpyDeviceToHost, st),
+                  "cudaMemcpy2DAsync (dx)");
+        if (s->dgamma)
+            LNORM__CK(cudaMemcpyAsync(s->dgamma, d->dgamma, (size_t)s->hidden * 4, cudaMemcpyDeviceToHost, st),
+                      "cudaMemcpyAsync (dgamma)");
+        if (s->dbeta)
+            LNORM__CK(cudaMemcpyAsync(s->dbeta, d->dbeta, (size_t)s->hidden * 4, cudaMemcpyDeviceToHost, st),
+                      "cudaMemcpyAsync (dbeta)");
     }
     if (sl->tmp) {
         LNORM__CK(cudaFreeAsync(sl->tmp, st), "cudaFreeAsync");
@@ -705,6 +836,8 @@ static void *lnorm__cuda_completer(void *arg)
                  * write the job's buffers. */
                 const char *cwhy = NULL;
                 int crc = lnorm_cpu_run(be->cpu, &job->batch, &cwhy);
+                if (crc == LNORM_OK && job->bwd.nsegs)
+                    crc = lnorm_cpu_run_bwd(be->cpu, &job->bwd, &cwhy);
                 if (crc == LNORM_OK) {
                     atomic_fetch_add_explicit(&be->n_fallback, 1, memory_order_relaxed);
                     err = LNORM_OK;
@@ -1098,6 +1231,8 @@ static void lnorm__cuda_free_gpu(lnorm__cuda_gpu *g)
                 cudaFreeHost(sl->hout);
             free(sl->dsegs);
             free(sl->plan);
+            free(sl->dbsegs);
+            free(sl->bplan);
             free(sl->params);
             free(sl->phash);
         }

@@ -316,25 +316,33 @@ static lnorm__bjob *lnorm__take_locked(lnorm__batcher *b)
             bytes += r->bytes;
         }
     }
-    lnorm__bjob *j = malloc(sizeof *j + n * (sizeof(lnorm__req *) + sizeof(lnorm_segment)));
+    /* Forward and backward requests share the batch; their segments go
+     * to the job's two tables (room for n in each). */
+    lnorm__bjob *j = malloc(sizeof *j + n * (sizeof(lnorm__req *) + sizeof(lnorm_segment) + sizeof(lnorm_bwd_segment)));
     if (!j)
         return NULL;
     memset(j, 0, sizeof *j);
     j->segs = (lnorm_segment *)(j + 1);
-    j->reqs = (lnorm__req **)(j->segs + n);
+    lnorm_bwd_segment *bsegs = (lnorm_bwd_segment *)(j->segs + n);
+    j->reqs = (lnorm__req **)(bsegs + n);
     j->b = b;
-    size_t i = 0;
+    size_t i = 0, nf = 0, nb = 0;
     for (int l = LNORM__MAX_PRIORITY - 1; l >= 0; l--) {
         for (size_t k = 0; k < per[l]; k++, i++) {
             lnorm__req *r = b->q[l].head;
             lnorm__unlink_locked(b, NULL, r);
             j->reqs[i] = r;
-            j->segs[i] = r->dec.seg;
+            if (r->dec.kind == LNORM__REQ_BACKWARD)
+                bsegs[nb++] = r->dec.bseg;
+            else
+                j->segs[nf++] = r->dec.seg;
         }
     }
     j->n = n;
     j->job.batch.segs = j->segs;
-    j->job.batch.nsegs = n;
+    j->job.batch.nsegs = nf;
+    j->job.bwd.segs = bsegs;
+    j->job.bwd.nsegs = nb;
     j->job.rows = rows;
     j->job.bytes = bytes;
     j->job.done = lnorm__job_done;

@@ -256,6 +256,132 @@ static int lnorm__check_normalize(const Lnorm__V1__NormalizeRequest *n, const ln
 
 /* ---- ring descriptors ------------------------------------------------------ */
 
+/* A NormalizeBackward body: every field checked, d->bseg filled. */
+static int lnorm__check_backward(const Lnorm__V1__NormalizeBackwardRequest *n, const lnorm__limits *lim,
+                                 lnorm__decoded *d, char *err, size_t errlen)
+{
+    if (n->op != LNORM__V1__OP__OP_LAYER_NORM && n->op != LNORM__V1__OP__OP_RMS_NORM)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.op: %d is not OP_LAYER_NORM or OP_RMS_NORM",
+                           (int)n->op);
+    if (!lnorm__dtype_ok(n->x_dtype))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.x_dtype: %d is not F32, F16 or BF16",
+                           (int)n->x_dtype);
+    int dydt = n->dy_dtype == LNORM__V1__DTYPE__DTYPE_UNSPECIFIED ? (int)n->x_dtype : (int)n->dy_dtype;
+    if (!lnorm__dtype_ok(dydt))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.dy_dtype: unknown dtype %d", (int)n->dy_dtype);
+    int dxdt = n->dx_dtype == LNORM__V1__DTYPE__DTYPE_UNSPECIFIED ? (int)n->x_dtype : (int)n->dx_dtype;
+    if (!lnorm__dtype_ok(dxdt))
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.dx_dtype: unknown dtype %d", (int)n->dx_dtype);
+    if (n->eps_mode != LNORM__V1__EPS_MODE__EPS_INSIDE_SQRT && n->eps_mode != LNORM__V1__EPS_MODE__EPS_OUTSIDE_SQRT)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.eps_mode: unknown value %d", (int)n->eps_mode);
+    float eps = LNORM_DEFAULT_EPS;
+    if (n->eps_present_case == LNORM__V1__NORMALIZE_BACKWARD_REQUEST__EPS_PRESENT_EPS)
+        eps = n->eps;
+    const char *ewhy = NULL;
+    if (lnorm_eps_validate(eps, (int)n->eps_mode, &ewhy) != LNORM_OK)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.%s (%g)", ewhy, (double)eps);
+    if (n->rows < 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.rows: must be >= 1");
+    if (n->hidden < 1)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.hidden: must be >= 1");
+    if (n->rows > lim->max_rows)
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "normalize_backward.rows: %llu exceeds max-rows %llu",
+                           (unsigned long long)n->rows, (unsigned long long)lim->max_rows);
+    if (n->hidden > lnorm__max_hidden(lim))
+        return lnorm__fail(err, errlen, LNORM_ELIMIT, "normalize_backward.hidden: %llu exceeds max-hidden %llu",
+                           (unsigned long long)n->hidden, (unsigned long long)lnorm__max_hidden(lim));
+    int ovf = 0;
+    size_t elems = lnorm__mul(n->rows, n->hidden, &ovf);
+    size_t xbytes = lnorm__mul(elems, lnorm_dtype_size(n->x_dtype), &ovf);
+    size_t dybytes = lnorm__mul(elems, lnorm_dtype_size(dydt), &ovf);
+    size_t dxbytes = lnorm__mul(elems, lnorm_dtype_size(dxdt), &ovf);
+    size_t sbytes = lnorm__mul(n->rows, 4, &ovf);
+    size_t gbytes = lnorm__mul(n->hidden, 4, &ovf);
+    if (ovf || xbytes > lim->max_message_bytes || dybytes > lim->max_message_bytes)
+        return lnorm__fail(err, errlen, LNORM_ELIMIT,
+                           "normalize_backward.rows x hidden: %llu x %llu elements exceed max-message-bytes",
+                           (unsigned long long)n->rows, (unsigned long long)n->hidden);
+    if (n->x.len != xbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL,
+                           "normalize_backward.x: %zu bytes, but rows x hidden x %s = %llu x %llu x %zu = %zu",
+                           n->x.len, lnorm_dtype_name(n->x_dtype), (unsigned long long)n->rows,
+                           (unsigned long long)n->hidden, lnorm_dtype_size(n->x_dtype), xbytes);
+    if (n->dy.len != dybytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL,
+                           "normalize_backward.dy: %zu bytes, but rows x hidden x %s = %llu x %llu x %zu = %zu",
+                           n->dy.len, lnorm_dtype_name(dydt), (unsigned long long)n->rows,
+                           (unsigned long long)n->hidden, lnorm_dtype_size(dydt), dybytes);
+    if (n->dres.len != 0 && n->dres.len != xbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL,
+                           "normalize_backward.dres: %zu bytes, expected 0 or %zu (the shape and dtype of x)",
+                           n->dres.len, xbytes);
+    if (n->mean.len != 0 && n->mean.len != sbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.mean: %zu bytes, expected 0 or rows x 4 = %zu",
+                           n->mean.len, sbytes);
+    if (n->rstd.len != 0 && n->rstd.len != sbytes)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.rstd: %zu bytes, expected 0 or rows x 4 = %zu",
+                           n->rstd.len, sbytes);
+    if (n->op == LNORM__V1__OP__OP_RMS_NORM && n->mean.len)
+        return lnorm__fail(err, errlen, LNORM_EINVAL, "normalize_backward.mean: RMSNorm has no mean");
+    if (n->op == LNORM__V1__OP__OP_LAYER_NORM && !n->mean.len != !n->rstd.len)
+        return lnorm__fail(err, errlen, LNORM_EINVAL,
+                           "normalize_backward.mean: LayerNorm takes mean and rstd together or neither");
+    if (n->skip_dx && !n->want_dgamma && !n->want_dbeta)
+        return lnorm__fail(err, errlen, LNORM_EINVAL,
+                           "normalize_backward.skip_dx: no output wanted (skip_dx without want_dgamma or want_dbeta)");
+    lnorm_bwd_segment *s = &d->bseg;
+    lnorm_bwd_segment_init(s, (lnorm_op)n->op, (lnorm_dtype)n->x_dtype, (int64_t)n->rows, (int64_t)n->hidden);
+    s->dy_dtype = dydt;
+    s->dx_dtype = dxdt;
+    s->eps = eps;
+    s->eps_mode = (int32_t)n->eps_mode;
+    s->x = n->x.data;
+    s->dy = n->dy.data;
+    s->dres = n->dres.len ? n->dres.data : NULL;
+    s->mean = n->mean.len ? (const float *)(const void *)n->mean.data : NULL;
+    s->rstd = n->rstd.len ? (const float *)(const void *)n->rstd.data : NULL;
+    d->in_bytes = xbytes + dybytes + n->dres.len + n->mean.len + n->rstd.len;
+    const Lnorm__V1__Affine *a = n->affine;
+    if (a) {
+        if (a->gamma_ref || a->beta_ref)
+            return lnorm__fail(err, errlen, LNORM_EINVAL,
+                               "normalize_backward.affine: gamma_ref / beta_ref are not supported by the backward");
+        if (a->beta.len)
+            return lnorm__fail(err, errlen, LNORM_EINVAL,
+                               "normalize_backward.affine.beta: not used by the backward (send gamma only)");
+        if (a->params_id && a->params_id[0]) {
+            if (a->gamma.len || a->dtype != LNORM__V1__DTYPE__DTYPE_UNSPECIFIED)
+                return lnorm__fail(err, errlen, LNORM_EINVAL,
+                                   "normalize_backward.affine: params_id and inline gamma/dtype are exclusive");
+            if (!lnorm__codec_params_id_ok(a->params_id))
+                return lnorm__fail(err, errlen, LNORM_EINVAL,
+                                   "normalize_backward.affine.params_id: must be 1..128 bytes of [A-Za-z0-9_.:-]");
+            d->params_id = a->params_id;
+        } else {
+            int pdt = a->dtype == LNORM__V1__DTYPE__DTYPE_UNSPECIFIED ? (int)n->x_dtype : (int)a->dtype;
+            if (pdt != LNORM_DTYPE_F32 && pdt != (int)n->x_dtype)
+                return lnorm__fail(err, errlen, LNORM_EINVAL,
+                                   "normalize_backward.affine.dtype: %d must be F32 or x_dtype", (int)a->dtype);
+            size_t pbytes = lnorm__mul(n->hidden, lnorm_dtype_size(pdt), &ovf);
+            if (a->gamma.len != 0 && a->gamma.len != pbytes)
+                return lnorm__fail(err, errlen, LNORM_EINVAL,
+                                   "normalize_backward.affine.gamma: %zu bytes, expected 0 or hidden x %s = %zu",
+                                   a->gamma.len, lnorm_dtype_name(pdt), pbytes);
+            s->param_dtype = pdt;
+            s->gamma = a->gamma.len ? a->gamma.data : NULL;
+            d->in_bytes += a->gamma.len;
+        }
+    }
+    d->want_dx = !n->skip_dx;
+    d->want_dgamma = n->want_dgamma ? 1 : 0;
+    d->want_dbeta = n->want_dbeta ? 1 : 0;
+    d->dx_bytes = dxbytes;
+    d->grad_bytes = gbytes;
+    d->priority = n->priority;
+    d->max_queue_us = n->max_queue_us;
+    return LNORM_OK;
+}
+
 int lnorm__codec_decode_sqe(const lnorm_ring_sqe *q, uint64_t region, const lnorm__limits *lim,
                             lnorm__decoded *d, char *err, size_t errlen)
 {
@@ -656,6 +782,8 @@ static int lnorm__decode(const uint8_t *buf, size_t len, const lnorm__limits *li
     switch (m->body_case) {
     case LNORM__V1__REQUEST__BODY_NORMALIZE:
         return lnorm__check_normalize(m->normalize, lim, out, err, errlen);
+    case LNORM__V1__REQUEST__BODY_NORMALIZE_BACKWARD:
+        return lnorm__check_backward(m->normalize_backward, lim, out, err, errlen);
     case LNORM__V1__REQUEST__BODY_REGISTER_PARAMS:
         return lnorm__codec_check_register(m->register_params, lim, err, errlen);
     case LNORM__V1__REQUEST__BODY_DROP_PARAMS:

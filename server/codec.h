@@ -43,7 +43,8 @@ enum {
     LNORM__REQ_REGISTER = LNORM__V1__REQUEST__BODY_REGISTER_PARAMS,
     LNORM__REQ_DROP = LNORM__V1__REQUEST__BODY_DROP_PARAMS,
     LNORM__REQ_HEALTH = LNORM__V1__REQUEST__BODY_HEALTH,
-    LNORM__REQ_INFO = LNORM__V1__REQUEST__BODY_INFO
+    LNORM__REQ_INFO = LNORM__V1__REQUEST__BODY_INFO,
+    LNORM__REQ_BACKWARD = LNORM__V1__REQUEST__BODY_NORMALIZE_BACKWARD
 };
 
 /* Tensors of a Normalize request that may be given by reference (ShmRef,
@@ -79,6 +80,13 @@ typedef struct lnorm__decoded {
     unsigned priority;             /* as asked (0: the server's default) */
     uint64_t max_queue_us;         /* as asked (0: the server's) */
     lnorm__tref ref[LNORM__T_N];   /* tensors by reference (their seg pointers NULL) */
+    /* NormalizeBackward only (params_id, in_bytes, priority and
+     * max_queue_us as above): */
+    lnorm_bwd_segment bseg;        /* inputs point into msg; dx, dgamma, dbeta NULL;
+                                      gamma NULL when params_id is set */
+    int want_dx, want_dgamma, want_dbeta;
+    size_t dx_bytes;               /* rows * hidden * size(dx_dtype), wanted or not */
+    size_t grad_bytes;             /* hidden * 4 (dgamma, dbeta) */
     int nrefs;
     /* Borrowing decode only (lnorm__codec_decode_request_borrow): which of
      * x and residual of msg->normalize point into the caller's buffer (not

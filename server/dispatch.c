@@ -472,6 +472,68 @@ static void lnorm__normalize_req(lnorm__daemon *d, lnorm__req *r, const lnorm__p
         lnorm__req_fail(d, r, rc, err);
 }
 
+/* NormalizeBackward: resolve gamma by params id, allocate dx / dgamma /
+ * dbeta (dx even when not wanted: the core always writes it), queue. */
+static void lnorm__backward_req(lnorm__daemon *d, lnorm__req *r)
+{
+    char err[256];
+    lnorm__decoded *dec = &r->dec;
+    if (dec->deadline_us)
+        r->deadline_ns = r->recv_ns + (dec->deadline_us > UINT64_MAX / 4000 ? UINT64_MAX / 4 : dec->deadline_us * 1000);
+    lnorm_bwd_segment *s = &dec->bseg;
+    int rc = LNORM_OK;
+    if (dec->params_id) {
+        if (lnorm__params_get(d->params, dec->params_id, &r->pset) != LNORM_OK) {
+            snprintf(err, sizeof err, "normalize_backward.affine.params_id: '%s' is not registered", dec->params_id);
+            rc = LNORM_ENOTFOUND;
+        } else if (r->pset->hidden != (uint64_t)s->hidden) {
+            snprintf(err, sizeof err, "normalize_backward.affine.params_id: '%s' has hidden %llu, the request %lld",
+                     dec->params_id, (unsigned long long)r->pset->hidden, (long long)s->hidden);
+            rc = LNORM_EINVAL;
+        } else if (r->pset->dtype != LNORM_DTYPE_F32 && r->pset->dtype != s->x_dtype) {
+            snprintf(err, sizeof err,
+                     "normalize_backward.affine.params_id: '%s' is %s, x is %s (params must be f32 or x's dtype)",
+                     dec->params_id, lnorm_dtype_name(r->pset->dtype), lnorm_dtype_name(s->x_dtype));
+            rc = LNORM_EINVAL;
+        } else {
+            s->param_dtype = r->pset->dtype;
+            s->gamma = r->pset->gamma; /* NULL when the set has only a beta */
+        }
+    }
+    const uint64_t out = dec->dx_bytes + (dec->want_dgamma ? dec->grad_bytes : 0) +
+                         (dec->want_dbeta ? dec->grad_bytes : 0);
+    if (rc == LNORM_OK) {
+        uint64_t need = dec->in_bytes + out;
+        uint64_t held = (uint64_t)atomic_fetch_add(&d->stats.inflight_bytes, (int_fast64_t)need);
+        r->reserved = need;
+        if (held + need > d->cfg.max_inflight_bytes) {
+            snprintf(err, sizeof err, "max-inflight-bytes: %llu bytes held by requests in flight, this one needs %llu",
+                     (unsigned long long)held, (unsigned long long)need);
+            rc = LNORM_ELIMIT;
+        }
+    }
+    if (rc == LNORM_OK) {
+        s->dx = r->y = lnorm__obuf(d, dec->dx_bytes);
+        if (dec->want_dgamma)
+            s->dgamma = r->mean = lnorm__obuf(d, dec->grad_bytes);
+        if (dec->want_dbeta)
+            s->dbeta = r->rstd = lnorm__obuf(d, dec->grad_bytes);
+        if (!r->y || (dec->want_dgamma && !r->mean) || (dec->want_dbeta && !r->rstd)) {
+            snprintf(err, sizeof err, "out of memory for the outputs");
+            rc = LNORM_ENOMEM;
+        }
+    }
+    if (rc == LNORM_OK) {
+        r->rows = (uint64_t)s->rows;
+        r->bytes = dec->in_bytes + out;
+        r->priority = dec->priority;
+        r->max_queue_us = dec->max_queue_us;
+        rc = lnorm__batcher_submit(d->batcher, r, err, sizeof err);
+    }
+    if (rc != LNORM_OK)
+        lnorm__req_fail(d, r, rc, err);
+}
+
 /* Normalize from a message: the request takes dec (and dec->src). */
 static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *dec, uint64_t recv_ns)
 {
@@ -487,6 +549,10 @@ static void lnorm__do_normalize(lnorm__daemon *d, void *slot, lnorm__decoded *de
     r->dec = *dec;
     r->slot = slot;
     r->recv_ns = recv_ns;
+    if (dec->kind == LNORM__REQ_BACKWARD) {
+        lnorm__backward_req(d, r);
+        return;
+    }
     lnorm__peer peer;
     if (dec->nrefs)
         lnorm__transport_peer(slot, &peer);
@@ -561,6 +627,7 @@ void lnorm__dispatch_msg(void *arg, void *slot, nng_msg *msg)
     }
     switch (dec.kind) {
     case LNORM__REQ_NORMALIZE:
+    case LNORM__REQ_BACKWARD:
         if (dec.borrowed)
             dec.src = msg;
         else
@@ -641,6 +708,38 @@ void lnorm__dispatch_finish(void *arg, lnorm__req *r, int err, const char *why, 
         lnorm__reply_done(d, r, err, why, t);
 }
 
+/* The reply of a finished NormalizeBackward (status OK); frees r. */
+static void lnorm__reply_backward(lnorm__daemon *d, lnorm__req *r, Lnorm__V1__Timings *tm, uint64_t t0)
+{
+    void *slot = r->slot;
+    nng_msg *m = NULL;
+    Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
+    Lnorm__V1__NormalizeBackwardResponse body = LNORM__V1__NORMALIZE_BACKWARD_RESPONSE__INIT;
+    if (r->dec.want_dx) {
+        body.dx.data = r->y;
+        body.dx.len = r->dec.dx_bytes;
+    }
+    if (r->mean) {
+        body.dgamma.data = r->mean;
+        body.dgamma.len = r->dec.grad_bytes;
+    }
+    if (r->rstd) {
+        body.dbeta.data = r->rstd;
+        body.dbeta.len = r->dec.grad_bytes;
+    }
+    resp.request_id = r->dec.request_id;
+    resp.timings = tm;
+    resp.body_case = LNORM__V1__RESPONSE__BODY_NORMALIZE_BACKWARD;
+    resp.normalize_backward = &body;
+    Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
+    resp.status = &st;
+    if (lnorm__codec_pack(&resp, &m) == LNORM_OK)
+        atomic_fetch_add(&d->stats.normalize_ok, 1);
+    lnorm__stats_stage(&d->stats, LNORM__STAGE_ENCODE, lnorm__now_ns() - t0);
+    lnorm__req_free(d, r);
+    lnorm__send(d, slot, resp.request_id, 0, m);
+}
+
 /* Answer a finished request: on its ring, or as a reply on its slot. */
 static void lnorm__reply_done(lnorm__daemon *d, lnorm__req *r, int err, const char *why, const lnorm__timing *t)
 {
@@ -695,6 +794,10 @@ static void lnorm__reply_done(lnorm__daemon *d, lnorm__req *r, int err, const ch
         } else {
             lnorm__send(d, slot, id, 0, m);
         }
+        return;
+    }
+    if (r->dec.kind == LNORM__REQ_BACKWARD) {
+        lnorm__reply_backward(d, r, &tm, t0);
         return;
     }
     if (r->y) { /* (NULL: y was written into the client's region) */

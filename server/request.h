@@ -1,4 +1,5 @@
-/* A Normalize request on its way through the batcher (short-lived). */
+/* A Normalize (or NormalizeBackward) request on its way through the batcher
+ * (short-lived). */
 #ifndef LNORM_SERVER_REQUEST_H
 #define LNORM_SERVER_REQUEST_H
 
@@ -39,7 +40,8 @@ typedef struct lnorm__req {
     uint64_t rows;
     uint64_t bytes;           /* payload in + out */
     uint64_t reserved;        /* counted in the daemon's in-flight bytes */
-    void *y, *mean, *rstd, *res_out; /* output buffers (backend memory) */
+    void *y, *mean, *rstd, *res_out; /* output buffers (backend memory); a backward's
+                                        dx, dgamma, dbeta are y, mean, rstd */
     lnorm__timing timing;     /* set when its batch finishes (for the reply pool) */
 } lnorm__req;
 

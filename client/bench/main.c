@@ -73,7 +73,10 @@ static const char usage[] =
     "                         I/O thread per process (some 25k-50k messages/s)\n"
     "\n"
     "Workload\n"
-    "  --op ln|rms            operation (default ln)\n"
+    "  --op ln|rms|ln-bwd|rms-bwd  operation (default ln); the -bwd ops send\n"
+    "                         NormalizeBackward requests (x and dy, dgamma and dbeta\n"
+    "                         asked for; --residual sends dres, --params gamma; raw\n"
+    "                         socket driver only, no --stats)\n"
     "  --dtype f32|f16|bf16   x dtype (default f32)\n"
     "  --out-dtype DTYPE      y dtype (default: same as x)\n"
     "  --rows N               rows per request (default 1)\n"
@@ -258,6 +261,7 @@ typedef struct bench_opts {
     char *extra[MAX_EXTRA];  /* lnormd arguments after `--` (with --spawn) */
     int nextra;
     int driver, poisson, max_inflight, timeout_ms, echo, echo_only, echo_ctx, progress;
+    int driver_given;        /* --driver or --transport was given */
     int pipeline, lifetime, allow_remote;
     int procs;               /* load processes (--procs) */
     double duration, warmup, grace;
@@ -397,8 +401,8 @@ static int opt_other(bench_opts *b, int c, const char *name, const char *arg)
     case O_SPAWN: b->spawn = arg; return 0;
     case O_SPAWN_LISTEN: b->spawn_listen = arg; return 0;
     case O_REMOTE: b->allow_remote = 1; return 0;
-    case O_DRIVER: return opt_driver(b, name, arg);
-    case O_TRANSPORT: return opt_transport(b, name, arg);
+    case O_DRIVER: b->driver_given = 1; return opt_driver(b, name, arg);
+    case O_TRANSPORT: b->driver_given = 1; return opt_transport(b, name, arg);
     case O_CHUNK: if (lnorm__size_parse(arg, &b->chunk)) return bad(name, arg); return 0;
     case O_PIPE: if (parse_pos(arg, 1, 1024, &v)) return bad(name, arg); b->pipeline = (int)v; return 0;
     case O_ECHO: b->echo = 1; return 0;
@@ -487,6 +491,13 @@ static int build_mix(bench_opts *b)
                  (unsigned long long)s->rows, (unsigned long long)s->hidden,
                  lnorm_dtype_name(s->x_dtype), lnorm__op_name(s->op),
                  s->y_dtype ? ":out=" : "", s->y_dtype ? lnorm_dtype_name(s->y_dtype) : "", s->weight);
+        /* The backward goes through the raw socket driver only (its default). */
+        if (LNORM__OP_IS_BWD(s->op) && !b->driver_given)
+            b->driver = LNORM__DRV_RAW;
+        if (LNORM__OP_IS_BWD(s->op) && (b->driver != LNORM__DRV_RAW || wl->stats)) {
+            fprintf(stderr, "lnorm-bench: %s: the raw socket driver only, without --stats\n", lnorm__op_name(s->op));
+            return 1;
+        }
     }
     return 0;
 }

@@ -27,12 +27,22 @@ int lnorm__op_parse(const char *s)
         return LNORM_OP_LAYERNORM;
     if (!strcmp(s, "rms") || !strcmp(s, "rmsnorm"))
         return LNORM_OP_RMSNORM;
+    if (!strcmp(s, "ln-bwd"))
+        return LNORM_OP_LAYERNORM | LNORM__OP_BWD;
+    if (!strcmp(s, "rms-bwd"))
+        return LNORM_OP_RMSNORM | LNORM__OP_BWD;
     return -1;
 }
 
 const char *lnorm__op_name(int op)
 {
-    return op == LNORM_OP_LAYERNORM ? "ln" : op == LNORM_OP_RMSNORM ? "rms" : "?";
+    switch (op) {
+    case LNORM_OP_LAYERNORM: return "ln";
+    case LNORM_OP_RMSNORM: return "rms";
+    case LNORM_OP_LAYERNORM | LNORM__OP_BWD: return "ln-bwd";
+    case LNORM_OP_RMSNORM | LNORM__OP_BWD: return "rms-bwd";
+    default: return "?";
+    }
 }
 
 static int parse_u64(const char *s, uint64_t *out)

@@ -61,8 +61,54 @@ static float round_to(int dt, float v)
     return v;
 }
 
+/* A backward template's request: x, dy, dres (--residual), gamma (f32,
+ * inline or registered), dgamma and dbeta asked for, stats recomputed. */
+static int encode_backward(const lnorm__work *w, lnorm__tmpl *t)
+{
+    Lnorm__V1__Request rq = LNORM__V1__REQUEST__INIT;
+    Lnorm__V1__NormalizeBackwardRequest b = LNORM__V1__NORMALIZE_BACKWARD_REQUEST__INIT;
+    Lnorm__V1__Affine af = LNORM__V1__AFFINE__INIT;
+    b.op = (Lnorm__V1__Op)LNORM__OP_BASE(t->sh.op);
+    b.x_dtype = (Lnorm__V1__DType)t->sh.x_dtype;
+    b.dy_dtype = (Lnorm__V1__DType)t->sh.x_dtype;
+    b.dx_dtype = (Lnorm__V1__DType)t->sh.y_dtype;
+    b.rows = t->sh.rows;
+    b.hidden = t->sh.hidden;
+    b.eps_present_case = LNORM__V1__NORMALIZE_BACKWARD_REQUEST__EPS_PRESENT_EPS;
+    b.eps = w->wl.eps;
+    b.x.data = t->x;
+    b.x.len = t->x_bytes;
+    b.dy.data = t->dy;
+    b.dy.len = t->x_bytes;
+    if (t->residual) {
+        b.dres.data = t->residual;
+        b.dres.len = t->x_bytes;
+    }
+    if (w->wl.params == LNORM__PARAMS_INLINE) {
+        af.dtype = LNORM__V1__DTYPE__DTYPE_F32;
+        af.gamma.data = (uint8_t *)t->gamma;
+        af.gamma.len = t->sh.hidden * 4;
+        b.affine = &af;
+    } else if (w->wl.params == LNORM__PARAMS_REGISTERED) {
+        af.params_id = t->params_id;
+        b.affine = &af;
+    }
+    b.want_dgamma = 1;
+    b.want_dbeta = 1;
+    rq.body_case = LNORM__V1__REQUEST__BODY_NORMALIZE_BACKWARD;
+    rq.normalize_backward = &b;
+    t->msg_len = lnorm__v1__request__get_packed_size(&rq);
+    t->msg = malloc(t->msg_len ? t->msg_len : 1);
+    if (!t->msg)
+        return -1;
+    lnorm__v1__request__pack(&rq, t->msg);
+    return 0;
+}
+
 static int encode_normalize(const lnorm__work *w, lnorm__tmpl *t)
 {
+    if (LNORM__OP_IS_BWD(t->sh.op))
+        return encode_backward(w, t);
     Lnorm__V1__Request rq = LNORM__V1__REQUEST__INIT;
     Lnorm__V1__NormalizeRequest nr = LNORM__V1__NORMALIZE_REQUEST__INIT;
     Lnorm__V1__Affine af = LNORM__V1__AFFINE__INIT;
@@ -117,6 +163,13 @@ static int build_one(lnorm__work *w, lnorm__tmpl *t, const lnorm__mix_shape *sh,
         double mu = 4.0 * unif(rng) - 2.0, sd = 0.5 + 1.5 * unif(rng);
         for (uint64_t c = 0; c < sh->hidden; c++)
             store_el(t->x, sh->x_dtype, r * sh->hidden + c, (float)(mu + sd * gauss(rng)));
+    }
+    if (LNORM__OP_IS_BWD(sh->op)) {
+        t->dy = malloc(t->x_bytes);
+        if (!t->dy)
+            return -1;
+        for (uint64_t i = 0; i < n; i++)
+            store_el(t->dy, sh->x_dtype, i, (float)gauss(rng));
     }
     if (w->wl.residual) {
         t->residual = malloc(t->x_bytes);
@@ -185,6 +238,7 @@ void lnorm__work_free(lnorm__work *w)
     for (size_t i = 0; i < w->nt; i++) {
         free(w->t[i].x);
         free(w->t[i].residual);
+        free(w->t[i].dy);
         free(w->t[i].gamma);
         free(w->t[i].beta);
         free(w->t[i].msg);
@@ -274,7 +328,7 @@ int lnorm__reply_scan(const void *buf, size_t len, lnorm__reply *out)
                 else if (g.num == 4)
                     out->batch_requests = (uint32_t)g.v;
             }
-        } else if (f.num == 10) { /* NormalizeResponse */
+        } else if (f.num == 10 || f.num == 19) { /* NormalizeResponse, NormalizeBackwardResponse */
             while (s.p < s.end) {
                 lnorm__wire_field g;
                 if (lnorm__wire_next_field(&s, &g))
@@ -303,10 +357,91 @@ static double tol_for(int dt, uint64_t hidden)
     return dt == LNORM_DTYPE_BF16 ? 1.6e-2 * grow : dt == LNORM_DTYPE_F16 ? 2e-3 * grow : 2e-4 * grow;
 }
 
+/* The backward's reference: dx (against the reply's y) per row, dgamma and
+ * dbeta over the rows; bounds scaled as tests/common/testbwd.h's, with the
+ * dtype's tolerance of tol_for. */
+static int verify_backward(const lnorm__work *w, const lnorm__tmpl *t, const void *dx, size_t dx_len,
+                           const void *dgamma, size_t dg_len, const void *dbeta, size_t db_len, char *why,
+                           size_t whylen)
+{
+    const lnorm__mix_shape *sh = &t->sh;
+    const uint64_t H = sh->hidden;
+    const int is_ln = LNORM__OP_BASE(sh->op) == LNORM_OP_LAYERNORM;
+    if (dx_len != t->y_bytes || dg_len != H * 4 || db_len != H * 4) {
+        snprintf(why, whylen, "dx / dgamma / dbeta are %zu / %zu / %zu bytes, want %zu / %llu / %llu", dx_len,
+                 dg_len, db_len, t->y_bytes, (unsigned long long)(H * 4), (unsigned long long)(H * 4));
+        return -1;
+    }
+    double *buf = malloc(6 * H * sizeof(double));
+    if (!buf) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
+    double *xh = buf, *g = buf + H, *dg = buf + 2 * H, *db = buf + 3 * H, *adg = buf + 4 * H, *adb = buf + 5 * H;
+    memset(dg, 0, 4 * H * sizeof(double));
+    const double tol = tol_for(sh->y_dtype, H), stol = tol_for(LNORM_DTYPE_F32, H);
+    int rc = 0;
+    for (uint64_t r = 0; r < sh->rows && rc == 0; r++) {
+        const size_t base = r * H;
+        double mu = 0, var = 0;
+        if (is_ln) {
+            for (uint64_t c = 0; c < H; c++)
+                mu += load_el(t->x, sh->x_dtype, base + c);
+            mu /= (double)H;
+        }
+        for (uint64_t c = 0; c < H; c++) {
+            double d = load_el(t->x, sh->x_dtype, base + c) - mu;
+            var += d * d;
+        }
+        var /= (double)H;
+        const double rs = 1.0 / sqrt(var + w->wl.eps);
+        double mg = 0, mgx = 0, mga = 0, mgxa = 0;
+        for (uint64_t c = 0; c < H; c++) {
+            const double dy = load_el(t->dy, sh->x_dtype, base + c);
+            xh[c] = (load_el(t->x, sh->x_dtype, base + c) - mu) * rs;
+            g[c] = t->gamma ? dy * t->gamma[c] : dy;
+            mg += g[c], mgx += g[c] * xh[c], mga += fabs(g[c]), mgxa += fabs(g[c] * xh[c]);
+            dg[c] += dy * xh[c], db[c] += dy;
+            adg[c] += fabs(dy) * (fabs(xh[c]) + 1.0), adb[c] += fabs(dy);
+        }
+        mg /= (double)H, mgx /= (double)H, mga /= (double)H, mgxa /= (double)H;
+        for (uint64_t c = 0; c < H; c++) {
+            double ref = rs * (g[c] - (is_ln ? mg : 0.0) - xh[c] * mgx);
+            double scale = rs * (fabs(g[c]) + mga + (fabs(xh[c]) + 1.0) * mgxa);
+            if (t->residual) {
+                double dr = load_el(t->residual, sh->x_dtype, base + c);
+                ref += dr;
+                scale += fabs(dr);
+            }
+            double got = load_el(dx, sh->y_dtype, base + c);
+            if (!(fabs(got - ref) <= tol * (scale + fabs(ref)))) {
+                snprintf(why, whylen, "dx[%llu,%llu] = %.7g, reference %.7g (tol %.2g)", (unsigned long long)r,
+                         (unsigned long long)c, got, ref, tol);
+                rc = -1;
+                break;
+            }
+        }
+    }
+    for (uint64_t c = 0; c < H && rc == 0; c++) {
+        float gg, gb;
+        memcpy(&gg, (const char *)dgamma + 4 * c, 4);
+        memcpy(&gb, (const char *)dbeta + 4 * c, 4);
+        if (!(fabs(gg - dg[c]) <= stol * adg[c] + 1e-30) || !(fabs(gb - db[c]) <= stol * adb[c] + 1e-30)) {
+            snprintf(why, whylen, "dgamma / dbeta[%llu] = %.7g / %.7g, reference %.7g / %.7g",
+                     (unsigned long long)c, gg, gb, dg[c], db[c]);
+            rc = -1;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
 int lnorm__verify(const lnorm__work *w, const lnorm__tmpl *t, const void *y, size_t y_len,
                   const void *mean, size_t mean_len, const void *rstd, size_t rstd_len,
                   const void *res_out, size_t res_out_len, char *why, size_t whylen)
 {
+    if (LNORM__OP_IS_BWD(t->sh.op))
+        return verify_backward(w, t, y, y_len, mean, mean_len, rstd, rstd_len, why, whylen);
     const lnorm__mix_shape *sh = &t->sh;
     uint64_t H = sh->hidden;
     int is_ln = sh->op == LNORM_OP_LAYERNORM;

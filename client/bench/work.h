@@ -28,10 +28,11 @@ typedef struct lnorm__wl {
 typedef struct lnorm__tmpl {
     lnorm__mix_shape sh;   /* y_dtype resolved (never NONE) */
     size_t shape_idx;      /* index into the mix */
-    void *x, *residual;    /* rows*hidden of x_dtype */
+    void *x, *residual;    /* rows*hidden of x_dtype (a backward's residual is its dres) */
+    void *dy;              /* a backward's: rows*hidden of x_dtype */
     float *gamma, *beta;   /* hidden f32 (params != NONE) */
     char params_id[64];    /* registered params id, or "" */
-    size_t x_bytes, y_bytes;
+    size_t x_bytes, y_bytes; /* a backward's y is its dx */
     void *msg;             /* encoded lnorm.v1.Request */
     size_t msg_len;
 } lnorm__tmpl;
@@ -62,6 +63,7 @@ typedef struct lnorm__reply {
     uint64_t queue_us, compute_us;
     uint32_t batch_rows, batch_requests;
     int has_timings;
+    /* a NormalizeBackwardResponse's dx, dgamma, dbeta are y, mean, rstd */
     const uint8_t *y, *mean, *rstd, *res_out;
     size_t y_len, mean_len, rstd_len, res_out_len;
 } lnorm__reply;
@@ -69,7 +71,8 @@ typedef struct lnorm__reply {
 /* Scan an encoded lnorm.v1.Response. 0, or -1 if malformed. */
 int lnorm__reply_scan(const void *buf, size_t len, lnorm__reply *r);
 
-/* Check a reply's outputs against the f64 reference of template t.
+/* Check a reply's outputs against the f64 reference of template t (a
+ * backward's: dx in y, dgamma in mean, dbeta in rstd).
  * Returns 0 if they match within the dtype's tolerance, else -1 with a
  * reason in why. mean/rstd/res_out may be NULL when not requested. */
 int lnorm__verify(const lnorm__work *w, const lnorm__tmpl *t, const void *y, size_t y_len,

@@ -2,6 +2,7 @@
  * lnorm: command-line client of lnormd.
  *
  *   lnorm normalize --in x.npy --out y.npy [options]
+ *   lnorm backward --x x.npy --dy dy.npy --dx-out dx.npy [options]
  *   lnorm health | info | register | drop
  *
  * Exit status: 0 success, 1 the request failed, 2 bad usage or bad input.
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backward.h"
 #include "half.h"
 #include "lnorm/lnorm.h"
 #include "npy.h"
@@ -26,6 +28,7 @@ static const char *usage_main =
     "\n"
     "Commands:\n"
     "  normalize   LayerNorm / RMSNorm a .npy tensor through lnormd\n"
+    "  backward    the gradients dx, dgamma, dbeta of a LayerNorm / RMSNorm\n"
     "  health      ask whether the server is serving\n"
     "  info        print the server's version, backends, devices and limits\n"
     "  register    register gamma/beta under an id\n"
@@ -802,6 +805,8 @@ int main(int argc, char **argv)
     argv[1] = argv[0];
     if (strcmp(cmd, "normalize") == 0)
         return cmd_normalize(argc - 1, argv + 1);
+    if (strcmp(cmd, "backward") == 0)
+        return lnorm__cmd_backward(argc - 1, argv + 1);
     if (strcmp(cmd, "register") == 0)
         return cmd_register(argc - 1, argv + 1);
     if (strcmp(cmd, "drop") == 0)

@@ -31,7 +31,7 @@ typedef struct lnorm__resp_view {
     lnorm__span message;     /* Status.message */
     uint64_t queue_us, compute_us;
     uint32_t batch_rows, batch_requests;
-    int body;                /* field number of the body (10..18), 0: none */
+    int body;                /* field number of the body (10..19), 0: none */
     lnorm__span body_bytes;  /* the body message's encoding */
 } lnorm__resp_view;
 

@@ -58,7 +58,7 @@ int lnorm__resp_parse(const void *buf, size_t n, lnorm__resp_view *v)
                 else if (g.num == 4)
                     v->batch_requests = (uint32_t)g.v;
             }
-        } else if (f.num >= 10 && f.num <= 18 && f.wt == LNORM__WIRE_LEN) {
+        } else if (f.num >= 10 && f.num <= 19 && f.wt == LNORM__WIRE_LEN) {
             v->body = (int)f.num;
             v->body_bytes = span_of(&f);
         }

@@ -212,6 +212,66 @@ typedef void (*lnorm_callback)(void *arg, int err, const lnorm_result *res);
 int lnorm_normalize_async(lnorm_client *c, const lnorm_normalize_req *req, lnorm_callback cb,
                           void *arg);
 
+/* A backward request: the gradients of a LayerNorm / RMSNorm given the
+ * gradient of its output (docs/client.md). Initialise with
+ * lnorm_normalize_backward_req_init, then set the pointers. Buffers are the
+ * caller's, row-major, little-endian:
+ *   x            rows * hidden elements of x_dtype (required): what the
+ *                forward normalized (x + residual when it fused one)
+ *   dy           rows * hidden elements of dy_dtype (required)
+ *   dres         rows * hidden elements of x_dtype (optional): the gradient
+ *                that reached the forward's residual_out; added to dx
+ *   gamma        hidden elements of param_dtype (optional; or params_id)
+ *   mean, rstd   rows floats each, the forward's (optional: recomputed when
+ *                NULL; LayerNorm takes both or neither, RMSNorm rstd only)
+ *   dx           rows * hidden elements of dx_dtype (NULL: not asked for)
+ *   dgamma,      hidden floats each (NULL: not asked for); at least one of
+ *   dbeta        dx, dgamma, dbeta must be given
+ * A large request is split by rows into chunks (chunk_bytes of x and dy
+ * together) and the chunks' dgamma / dbeta are summed here, in chunk order,
+ * in double: the bits depend on the chunking, not on timing. No output may
+ * overlap an input. */
+typedef struct lnorm_normalize_backward_req {
+    lnorm_op op;
+    lnorm_dtype x_dtype;
+    lnorm_dtype dy_dtype;        /* LNORM_DTYPE_NONE: same as x_dtype */
+    lnorm_dtype dx_dtype;        /* LNORM_DTYPE_NONE: same as x_dtype */
+    uint64_t rows;
+    uint64_t hidden;
+    float eps;                   /* the forward's (init: LNORM_DEFAULT_EPS) */
+    lnorm_eps_mode eps_mode;     /* the forward's */
+    const void *x;
+    const void *dy;
+    const void *dres;
+    lnorm_dtype param_dtype;     /* F32 or x_dtype (NONE: same as x_dtype) */
+    const void *gamma;
+    const char *params_id;       /* NULL or "": none (gamma of registered params) */
+    const float *mean;
+    const float *rstd;
+    void *dx;
+    float *dgamma;
+    float *dbeta;
+    int timeout_ms;              /* as lnorm_normalize_req */
+    size_t chunk_bytes;
+    uint32_t priority;
+    uint64_t max_queue_us;
+} lnorm_normalize_backward_req;
+
+/* Fill a backward request with defaults, as lnorm_normalize_req_init. */
+void lnorm_normalize_backward_req_init(lnorm_normalize_backward_req *req, lnorm_op op, lnorm_dtype x_dtype,
+                                       uint64_t rows, uint64_t hidden);
+
+/* Check a backward request as the library does before sending it. */
+int lnorm_normalize_backward_req_check(const lnorm_normalize_backward_req *req, const char **why);
+
+/* The backward, synchronously: dx (and dgamma, dbeta) into the caller's
+ * buffers. On failure the outputs may be partly written. res may be NULL. */
+int lnorm_normalize_backward(lnorm_client *c, const lnorm_normalize_backward_req *req, lnorm_result *res);
+
+/* The backward, asynchronously (as lnorm_normalize_async). */
+int lnorm_normalize_backward_async(lnorm_client *c, const lnorm_normalize_backward_req *req, lnorm_callback cb,
+                                   void *arg);
+
 /* Parameters to register on the server for later use by id. */
 typedef struct lnorm_params_desc {
     const char *id;          /* 1..128 bytes of [A-Za-z0-9_.:-] */

@@ -153,8 +153,13 @@ int lnorm_cpu_set_isa(lnorm_cpu *cpu, const char *isa);
  *   sqrt (rstd = 1 / (sigma + eps), sigma = sqrt(var) or the RMS), the
  *   xhat term is divided by sigma * rstd = sigma / (sigma + eps):
  *   dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat) / (sigma * rstd))
- *   (RMSNorm without mean_c(g)); sigma is recomputed from x, and the term
- *   is 0 for a row with sigma = 0 (every xhat is 0 there).
+ *   (RMSNorm without mean_c(g)); sigma * rstd is recomputed from x (e.g.
+ *   as the RMS of xhat over the row), and the term is 0 for a row with
+ *   sigma = 0 (every xhat is 0 there).
+ *   A given mean carries fp32's rounding (ulp(mean), a large part of the
+ *   spread when mean >> spread); a backend may re-centre xhat by its row
+ *   mean (0 in exact arithmetic) so that this rounding does not reach dx
+ *   and dgamma (the CPU backend does).
  *   dx += dres when dres (the gradient that reached residual_out from
  *   later layers) is given: the fused residual add passes the gradient
  *   through, so dx is the gradient of both x and the residual.
@@ -168,7 +173,12 @@ int lnorm_cpu_set_isa(lnorm_cpu *cpu, const char *isa);
  * reduction order is a function of (rows, hidden) only, written down by
  * each backend. The backends need not agree with each other bit for bit.
  * A row whose statistics are not finite gives a NaN/Inf dx row and adds
- * its non-finite terms to dgamma/dbeta, as the unfused formula does.
+ * its non-finite terms to dgamma/dbeta, as the unfused formula does; a
+ * NaN/Inf in dy or gamma makes its row's dx (and its column's sums)
+ * non-finite; other rows are unaffected. Constant rows: xhat = 0, so
+ * dx = rstd * (g - mean_c(g)) (+ dres), finite.
+ * No output may overlap an input (dgamma/dbeta read x and dy after dx is
+ * written).
  */
 
 /* One request's backward (or a part of one, split by rows: then the caller

@@ -31,7 +31,9 @@
 extern "C" {
 #endif
 
-/* Compute rows [r0, r1) of the validated segment s on the calling thread. */
+/* Compute rows [r0, r1) of the validated segment s on the calling thread.
+ * With s->y NULL (never from a validated segment) only mean and rstd are
+ * written: the backward's recomputation of the forward's statistics. */
 typedef void lnorm__cpu_rows_fn(const lnorm_segment *s, int64_t r0, int64_t r1);
 
 /* Portable C path. */
@@ -40,6 +42,11 @@ void lnorm__cpu_rows_scalar(const lnorm_segment *s, int64_t r0, int64_t r1);
 void lnorm__cpu_rows_avx2(const lnorm_segment *s, int64_t r0, int64_t r1);
 /* AVX-512 F/BW/VL path (compiled with those flags; call only if present). */
 void lnorm__cpu_rows_avx512(const lnorm_segment *s, int64_t r0, int64_t r1);
+
+struct lnorm__pool;
+/* The row kernel and the pool of a runner (for the backward, cpu_bwd.c). */
+lnorm__cpu_rows_fn *lnorm__cpu_rows_of(const lnorm_cpu *cpu);
+struct lnorm__pool *lnorm__cpu_pool_of(lnorm_cpu *cpu);
 
 #ifdef __cplusplus
 }

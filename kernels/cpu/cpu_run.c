@@ -164,6 +164,16 @@ int lnorm_cpu_set_isa(lnorm_cpu *cpu, const char *isa)
     return LNORM_OK;
 }
 
+lnorm__cpu_rows_fn *lnorm__cpu_rows_of(const lnorm_cpu *cpu)
+{
+    return isa_table[cpu ? cpu->isa : isa_default()].fn;
+}
+
+lnorm__pool *lnorm__cpu_pool_of(lnorm_cpu *cpu)
+{
+    return cpu->pool;
+}
+
 int lnorm_cpu_run_segment(const lnorm_cpu *cpu, const lnorm_segment *s, const char **why)
 {
     int err = lnorm_segment_validate(s, why);

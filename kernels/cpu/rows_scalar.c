@@ -108,6 +108,8 @@ static void one_row(const lnorm_segment *s, int64_t r)
         s->mean[r] = K + d;
     if (s->rstd)
         s->rstd[r] = rstd;
+    if (!s->y)
+        return; /* statistics only (the backward's recomputation) */
 
     char *y = (char *)s->y + (size_t)(r * s->y_stride) * lnorm_dtype_size(s->y_dtype);
     const int pdt = s->param_dtype;

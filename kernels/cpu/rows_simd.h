@@ -279,6 +279,8 @@ INL void one_row(const lnorm_segment *s, int64_t r, int xdt, int nt, const char 
         s->mean[r] = Kf + df;
     if (s->rstd)
         s->rstd[r] = rstd;
+    if (!s->y)
+        return; /* statistics only (the backward's recomputation) */
 
     char *y = (char *)s->y + (size_t)(r * s->y_stride) * lnorm_dtype_size(s->y_dtype);
     /* Non-temporal stores only change how y reaches memory, never its bits. */

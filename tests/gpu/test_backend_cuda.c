@@ -24,6 +24,11 @@
  *    exactly jobs 3, 6, 9 (1-based, in submission order) finish with
  *    LNORM_ECUDA and the others are correct; fallback cpu, every job is
  *    correct and the counters say which were computed on the CPU.
+ * 4. Backward segments (lnorm_bwd_segment) in jobs beside forward ones,
+ *    padded rows, stats given or not, dres, under big slots and under 1 MiB
+ *    slots (temporary buffer), and with every third job faulted and
+ *    computed by the CPU fallback: dx / dgamma / dbeta against the float64
+ *    reference of tests/common/testbwd.h, dx's padding still poison.
  * Needs a GPU: exits 1 when none is usable.
  */
 #include <math.h>
@@ -36,6 +41,7 @@
 
 #include "check.h"
 #include "backend_cuda.h"
+#include "testbwd.h"
 #include "testcase.h"
 #include "testutil.h"
 
@@ -621,6 +627,132 @@ out:
     return check_failures() - f0;
 }
 
+/* ---- part 4: backward segments ---- */
+
+#define NBWD 12
+
+typedef struct bjob {
+    tjob t;                    /* first: the job; its forward segment in tc[0] / segs[0] */
+    lnorm_test_bwd_case bc[2];
+    lnorm_bwd_segment bsegs[2]; /* pinned copies */
+} bjob;
+
+/* Point backward segment d at pinned copies of case tc's buffers. */
+static int pin_bwd(lnorm__backend *be, const lnorm_test_bwd_case *tc, lnorm_bwd_segment *d)
+{
+    const lnorm_bwd_segment *s = &tc->seg;
+    *d = *s;
+    size_t n = (size_t)(s->rows * s->x_stride), H = (size_t)s->hidden;
+    d->x = pin(be, s->x, n * lnorm_dtype_size(s->x_dtype));
+    d->dy = pin(be, s->dy, n * lnorm_dtype_size(s->dy_dtype));
+    d->dx = pin(be, s->dx, tc->dx_bytes);
+    d->dres = pin(be, s->dres, n * lnorm_dtype_size(s->x_dtype));
+    d->gamma = pin(be, s->gamma, H * lnorm_dtype_size(s->param_dtype));
+    d->mean = pin(be, s->mean, (size_t)s->rows * 4);
+    d->rstd = pin(be, s->rstd, (size_t)s->rows * 4);
+    d->dgamma = pin(be, s->dgamma, H * 4);
+    d->dbeta = pin(be, s->dbeta, H * 4);
+    return d->x && d->dy && d->dx && (!s->dres || d->dres) && (!s->gamma || d->gamma) && (!s->mean || d->mean) &&
+                   (!s->rstd || d->rstd) && (!s->dgamma || d->dgamma) && (!s->dbeta || d->dbeta)
+               ? 0
+               : -1;
+}
+
+static void unpin_bwd(lnorm__backend *be, lnorm_bwd_segment *d)
+{
+    void *ps[] = {(void *)d->x, (void *)d->dy, d->dx, (void *)d->dres, (void *)d->gamma, (void *)d->mean,
+                  (void *)d->rstd, d->dgamma, d->dbeta};
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++)
+        if (ps[k])
+            be->ops->buf_free(be, ps[k]);
+}
+
+static long test_backward(const char *name, const lnorm__cuda_opts *o, lnorm_rng *rng)
+{
+    const int f0 = check_failures();
+    lnorm__backend *be = NULL;
+    int rc = lnorm__backend_cuda_create_opts(&be, o);
+    if (rc != LNORM_OK) {
+        CHECK_FAIL("%s: create: %s", name, lnorm_errname(rc));
+        return 1;
+    }
+    bjob *jobs = calloc(NBWD, sizeof *jobs);
+    int made = 0;
+    for (int j = 0; jobs && j < NBWD; j++, made++) {
+        bjob *b = &jobs[j];
+        lnorm_test_case_cfg fc = {.op = 1 + j % 2, .x_dtype = 1 + j % 3, .rows = 3 + j, .hidden = 512,
+                                  .gamma = 1, .beta = 1, .stats = 1};
+        if (lnorm_test_case_make(&b->t.tc[0], &fc, rng) || pin_case(g_pb, &b->t.tc[0], &b->t.segs[0], 1)) {
+            CHECK_FAIL("%s: forward case", name);
+            break;
+        }
+        b->t.nsegs = 1;
+        for (int k = 0; k < 2; k++) {
+            lnorm_test_bwd_cfg bc = {.op = 1 + (j + k) % 2, .x_dtype = 1 + (j + k) % 3, .dx_dtype = k ? LNORM_DTYPE_F32 : 0,
+                                     .rows = 5 + 7 * j + 300 * (j % 4 == 3), .hidden = k ? 4099 : 1024, .pad = k * 3,
+                                     .gamma = (j + k) % 3 != 0, .dres = j % 2, .stats = (j + k) % 2, .dgamma = 1,
+                                     .dbeta = k, .eps_mode = j % 5 == 4};
+            if (lnorm_test_bwd_make(&b->bc[k], &bc, rng, NULL) || pin_bwd(g_pb, &b->bc[k], &b->bsegs[k])) {
+                CHECK_FAIL("%s: backward case", name);
+                goto out;
+            }
+        }
+        b->t.job.batch.segs = b->t.segs;
+        b->t.job.batch.nsegs = 1;
+        b->t.job.bwd.segs = b->bsegs;
+        b->t.job.bwd.nsegs = 2;
+        b->t.job.done = on_done;
+    }
+    pthread_mutex_lock(&g_mu);
+    g_done = 0;
+    pthread_mutex_unlock(&g_mu);
+    for (int j = 0; j < made; j++) {
+        rc = be->ops->submit(be, &jobs[j].t.job);
+        if (rc != LNORM_OK) {
+            CHECK_FAIL("%s: submit %d: %s", name, j, lnorm_errname(rc));
+            pthread_mutex_lock(&g_mu);
+            g_done++;
+            pthread_mutex_unlock(&g_mu);
+        }
+    }
+    CHECK(wait_done(made, 120) == made, "%s: jobs did not finish", name);
+    for (int j = 0; j < made; j++) {
+        bjob *b = &jobs[j];
+        CHECK(b->t.done_calls == 1 && b->t.err == LNORM_OK, "%s job %d: done %d times, %s", name, j,
+              b->t.done_calls, lnorm_errname(b->t.err));
+        CHECK(lnorm_test_check_segment(&b->t.segs[0], NULL, name) == 0, "%s job %d: forward segment", name, j);
+        for (int k = 0; k < 2; k++) {
+            lnorm_test_bwd_case *tc = &b->bc[k];
+            const lnorm_bwd_segment *d = &b->bsegs[k];
+            /* The pinned outputs back into the case's buffers, then checked. */
+            memcpy(tc->dx, d->dx, tc->dx_bytes);
+            if (d->dgamma)
+                memcpy(tc->dgamma, d->dgamma, (size_t)d->hidden * 4);
+            if (d->dbeta)
+                memcpy(tc->dbeta, d->dbeta, (size_t)d->hidden * 4);
+            CHECK(lnorm_test_bwd_check(&tc->seg, 0, name) == 0, "%s job %d: backward segment %d", name, j, k);
+            CHECK(lnorm_test_bwd_pad_writes(tc) == 0, "%s job %d: dx padding written", name, j);
+        }
+    }
+out:
+    be->ops->destroy(be);
+    for (int j = 0; jobs && j < made + (made < NBWD); j++) {
+        for (int k = 0; k < 2; k++) {
+            unpin_bwd(g_pb, &jobs[j].bsegs[k]);
+            lnorm_test_bwd_free(&jobs[j].bc[k]);
+        }
+        lnorm_segment *s = &jobs[j].t.segs[0];
+        void *ps[] = {(void *)s->x, s->y, (void *)s->gamma, (void *)s->beta, s->mean, s->rstd};
+        for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++)
+            if (ps[k])
+                g_pb->ops->buf_free(g_pb, ps[k]);
+        lnorm_test_case_free(&jobs[j].t.tc[0]);
+    }
+    free(jobs);
+    printf("%s: %d failures\n", name, check_failures() - f0);
+    return check_failures() - f0;
+}
+
 int main(void)
 {
     lnorm_cpu *cpu = NULL;
@@ -681,6 +813,18 @@ int main(void)
 
     test_faults(0, cpu, &rng);
     test_faults(1, cpu, &rng);
+
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)64 << 20;
+    test_backward("backward/big-slots", &o, &rng);
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)1 << 20;
+    test_backward("backward/oversize", &o, &rng);
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)64 << 20;
+    o.fault_every = 3;
+    o.fallback = LNORM__CUDA_FALLBACK_CPU;
+    test_backward("backward/fault-fallback-cpu", &o, &rng);
 
     for (int k = 0; k < 2; k++) {
         pb->ops->buf_free(pb, g_sh_gamma[k]);

@@ -24,6 +24,7 @@ int main(void)
     F(lnorm_client_opts, send_deadline); F(lnorm_client_opts, tls_ca_file);
     F(lnorm_client_opts, tls_cert_key_file); F(lnorm_client_opts, tls_server_name);
     F(lnorm_client_opts, tls_insecure);
+    F(lnorm_client_opts, auto_shm_bytes);
     END();
     BEGIN(lnorm_result);
     F(lnorm_result, err); F(lnorm_result, status); F(lnorm_result, message);
@@ -39,6 +40,19 @@ int main(void)
     F(lnorm_normalize_req, mean); F(lnorm_normalize_req, rstd); F(lnorm_normalize_req, residual_out);
     F(lnorm_normalize_req, timeout_ms); F(lnorm_normalize_req, chunk_bytes);
     F(lnorm_normalize_req, priority); F(lnorm_normalize_req, max_queue_us);
+    END();
+    BEGIN(lnorm_normalize_backward_req);
+    F(lnorm_normalize_backward_req, op); F(lnorm_normalize_backward_req, x_dtype);
+    F(lnorm_normalize_backward_req, dy_dtype); F(lnorm_normalize_backward_req, dx_dtype);
+    F(lnorm_normalize_backward_req, rows); F(lnorm_normalize_backward_req, hidden);
+    F(lnorm_normalize_backward_req, eps); F(lnorm_normalize_backward_req, eps_mode);
+    F(lnorm_normalize_backward_req, x); F(lnorm_normalize_backward_req, dy); F(lnorm_normalize_backward_req, dres);
+    F(lnorm_normalize_backward_req, param_dtype); F(lnorm_normalize_backward_req, gamma);
+    F(lnorm_normalize_backward_req, params_id); F(lnorm_normalize_backward_req, mean);
+    F(lnorm_normalize_backward_req, rstd); F(lnorm_normalize_backward_req, dx);
+    F(lnorm_normalize_backward_req, dgamma); F(lnorm_normalize_backward_req, dbeta);
+    F(lnorm_normalize_backward_req, timeout_ms); F(lnorm_normalize_backward_req, chunk_bytes);
+    F(lnorm_normalize_backward_req, priority); F(lnorm_normalize_backward_req, max_queue_us);
     END();
     BEGIN(lnorm_params_desc);
     F(lnorm_params_desc, id); F(lnorm_params_desc, dtype); F(lnorm_params_desc, hidden);

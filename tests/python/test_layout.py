@@ -13,6 +13,7 @@ from lnorm import _lib
 
 STRUCTS = {"lnorm_client_opts": _lib.ClientOpts, "lnorm_result": _lib.Result,
            "lnorm_normalize_req": _lib.NormalizeReq, "lnorm_params_desc": _lib.ParamsDesc,
+           "lnorm_normalize_backward_req": _lib.NormalizeBackwardReq,
            "lnorm_device_desc": _lib.DeviceDesc, "lnorm_server_info": _lib.ServerInfo}
 
 

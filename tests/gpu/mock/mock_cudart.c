@@ -19,6 +19,7 @@ typedef struct op {
     int kind; /* 0 memcpy, 1 2d, 2 run, 3 event, 4 free */
     void *d; const void *s; size_t n, dp, sp, w, h;
     lnorm_segment *segs; size_t nsegs;
+    lnorm_bwd_segment *bsegs; /* kind 5: a backward batch */
     struct mock_event *ev; unsigned long gen;
 } op;
 struct mock_stream { pthread_t th; pthread_mutex_t mu; pthread_cond_t cv, idle; op *head, *tail; int stop, busy; };
@@ -44,6 +45,7 @@ static void *sthread(void *a)
         else if (o->kind == 2) { const char *why; lnorm_batch b = {o->segs, o->nsegs}; int rc = lnorm_cpu_run(g_cpu, &b, &why); if (rc) { fprintf(stderr, "mock run failed %d %s\n", rc, why); abort(); } free(o->segs); }
         else if (o->kind == 3) { pthread_mutex_lock(&o->ev->mu); if (o->gen > o->ev->done) o->ev->done = o->gen; pthread_cond_broadcast(&o->ev->cv); pthread_mutex_unlock(&o->ev->mu); }
         else if (o->kind == 4) free(o->d);
+        else if (o->kind == 5) { const char *why; lnorm_bwd_batch b = {o->bsegs, o->nsegs}; int rc = lnorm_cpu_run_bwd(g_cpu, &b, &why); if (rc) { fprintf(stderr, "mock bwd run failed %d %s\n", rc, why); abort(); } free(o->bsegs); }
         free(o);
         atomic_fetch_add(&g_ops, 1);
         pthread_mutex_lock(&s->mu);
@@ -156,6 +158,26 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
 }
 /* The mock's kernels are the CPU core: they read any host memory. */
 int lnorm_cuda_plain_io(const lnorm_segment *s) { return s && lnorm_segment_validate(s, NULL) == LNORM_OK; }
+/* The backward: scratch as a real backend might ask (2 x hidden floats a
+ * segment), checked to be given, then the CPU core on the stream. */
+size_t lnorm_cuda_bwd_scratch_bytes(const lnorm_bwd_batch *b)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < b->nsegs; i++) { if (lnorm_bwd_segment_validate(&b->segs[i], NULL)) return SIZE_MAX; n += 2 * (size_t)b->segs[i].hidden * 4; }
+    return n;
+}
+int lnorm_cuda_run_bwd(const lnorm_bwd_batch *b, void *stream, void *scratch, size_t scratch_bytes, const char **why)
+{
+    for (size_t i = 0; i < b->nsegs; i++) { int rc = lnorm_bwd_segment_validate(&b->segs[i], why); if (rc) return rc; }
+    size_t need = lnorm_cuda_bwd_scratch_bytes(b);
+    if (scratch_bytes < need || (need && !scratch)) { if (why) *why = "scratch: smaller than lnorm_cuda_bwd_scratch_bytes"; return LNORM_EINVAL; }
+    if (need) memset(scratch, 0xA5, need); /* the scratch is written, as a device's would be */
+    if (!b->nsegs) return LNORM_OK;
+    op *o = calloc(1, sizeof *o); o->kind = 5; o->nsegs = b->nsegs;
+    o->bsegs = malloc(b->nsegs * sizeof *o->bsegs); memcpy(o->bsegs, b->segs, b->nsegs * sizeof *o->bsegs);
+    push((struct mock_stream *)stream, o);
+    return LNORM_OK;
+}
 int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why)
 {
     lnorm_batch b = {s, 1};

@@ -9,6 +9,7 @@ and out, bf16 as ml_dtypes.bfloat16, errors as exceptions named after
 liblnorm's error table. See docs/python.md.
 """
 from ._arrays import BFLOAT16 as bfloat16
+from ._backward import Gradients
 from ._call import EpsMode, Normalized, Op
 from ._lib import lib as _clib
 from .aio import AsyncClient
@@ -22,7 +23,7 @@ __version__ = "0.1.0"
 library_version: str = _clib.lnorm_client_version().decode()
 
 __all__ = [
-    "Client", "AsyncClient", "Op", "EpsMode", "Normalized", "ServerInfo", "Device", "bfloat16",
+    "Client", "AsyncClient", "Op", "EpsMode", "Normalized", "Gradients", "ServerInfo", "Device", "bfloat16",
     "Error", "InvalidArgument", "OutOfMemory", "NotFound", "AlreadyExists", "ResourceLimitExceeded",
     "QueueFull", "DeadlineExceeded", "ServiceUnavailable", "ObjectClosed", "ProtocolError",
     "TransportError", "BackendFailure", "NotSupported", "InternalError", "InputOutputError",

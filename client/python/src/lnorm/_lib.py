@@ -33,6 +33,7 @@ class ClientOpts(Structure):
         ("tls_cert_key_file", c_char_p),
         ("tls_server_name", c_char_p),
         ("tls_insecure", c_int),
+        ("auto_shm_bytes", c_size_t),
     ]
 
 
@@ -71,6 +72,35 @@ class NormalizeReq(Structure):
         ("mean", c_void_p),
         ("rstd", c_void_p),
         ("residual_out", c_void_p),
+        ("timeout_ms", c_int),
+        ("chunk_bytes", c_size_t),
+        ("priority", c_uint32),
+        ("max_queue_us", c_uint64),
+    ]
+
+
+class NormalizeBackwardReq(Structure):
+    """lnorm_normalize_backward_req."""
+    _fields_ = [
+        ("op", c_int),
+        ("x_dtype", c_int),
+        ("dy_dtype", c_int),
+        ("dx_dtype", c_int),
+        ("rows", c_uint64),
+        ("hidden", c_uint64),
+        ("eps", c_float),
+        ("eps_mode", c_int),
+        ("x", c_void_p),
+        ("dy", c_void_p),
+        ("dres", c_void_p),
+        ("param_dtype", c_int),
+        ("gamma", c_void_p),
+        ("params_id", c_char_p),
+        ("mean", c_void_p),
+        ("rstd", c_void_p),
+        ("dx", c_void_p),
+        ("dgamma", c_void_p),
+        ("dbeta", c_void_p),
         ("timeout_ms", c_int),
         ("chunk_bytes", c_size_t),
         ("priority", c_uint32),
@@ -133,6 +163,10 @@ _SIGNATURES = {
     "lnorm_normalize_req_check": (c_int, [POINTER(NormalizeReq), POINTER(c_char_p)]),
     "lnorm_normalize": (c_int, [c_void_p, POINTER(NormalizeReq), POINTER(Result)]),
     "lnorm_normalize_async": (c_int, [c_void_p, POINTER(NormalizeReq), CALLBACK, c_void_p]),
+    "lnorm_normalize_backward_req_init": (None, [POINTER(NormalizeBackwardReq), c_int, c_int, c_uint64, c_uint64]),
+    "lnorm_normalize_backward_req_check": (c_int, [POINTER(NormalizeBackwardReq), POINTER(c_char_p)]),
+    "lnorm_normalize_backward": (c_int, [c_void_p, POINTER(NormalizeBackwardReq), POINTER(Result)]),
+    "lnorm_normalize_backward_async": (c_int, [c_void_p, POINTER(NormalizeBackwardReq), CALLBACK, c_void_p]),
     "lnorm_register_params": (c_int, [c_void_p, POINTER(ParamsDesc), POINTER(Result)]),
     "lnorm_drop_params": (c_int, [c_void_p, c_char_p, POINTER(Result)]),
     "lnorm_health": (c_int, [c_void_p, POINTER(c_int), POINTER(Result)]),

@@ -10,18 +10,20 @@ import threading
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import errors
+from ._backward import BackwardCall
 from ._call import Call, EpsModeLike, OpLike
 from ._lib import CALLBACK, lib
 from .client import DEFAULT_EPS, Client, ServerInfo
 
 # Calls in flight: key -> (loop, future, call). The call holds every buffer
 # liblnorm reads or writes until its callback has run.
-_pending: Dict[int, Tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Call]] = {}
+_pending: Dict[int, Tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Union[Call, BackwardCall]]] = {}
 _pending_lock = threading.Lock()
 _keys = itertools.count(1)
 
 
-def _settle(fut: "asyncio.Future[Any]", call: Call, rv: int, message: str, status: int) -> None:
+def _settle(fut: "asyncio.Future[Any]", call: Union[Call, BackwardCall], rv: int, message: str,
+            status: int) -> None:
     if fut.done():  # the awaiting task was cancelled
         return
     if rv != 0:
@@ -80,6 +82,34 @@ class AsyncClient:
         h = self._client._borrow()
         try:
             rv = lib.lnorm_normalize_async(h, ctypes.byref(call.req), _on_done, key)
+        finally:
+            self._client._return()
+        if rv != 0:  # not started: the callback will not run
+            with _pending_lock:
+                _pending.pop(key, None)
+            raise errors.from_code(rv, "")
+        return await fut
+
+    async def normalize_backward(self, x: Any, dy: Any, op: OpLike = "layernorm", *, gamma: Any = None,
+                                 params_id: Optional[str] = None, mean: Any = None, rstd: Any = None,
+                                 dres: Any = None, eps: float = DEFAULT_EPS, eps_mode: EpsModeLike = "inside",
+                                 dx_dtype: Any = None, dx: bool = True, dgamma: bool = False,
+                                 dbeta: bool = False, out: Any = None, timeout_ms: Optional[int] = None,
+                                 priority: int = 0, max_queue_us: int = 0) -> Any:
+        """The gradients; see Client.normalize_backward."""
+        call = BackwardCall(x, dy, op, gamma, params_id, mean, rstd, dres, eps, eps_mode, dx_dtype, dx, dgamma,
+                            dbeta, out, timeout_ms, priority, max_queue_us)
+        why = ctypes.c_char_p()
+        if lib.lnorm_normalize_backward_req_check(ctypes.byref(call.req), ctypes.byref(why)) != 0:
+            raise errors.InvalidArgument((why.value or b"").decode())
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        key = next(_keys)
+        with _pending_lock:
+            _pending[key] = (loop, fut, call)
+        h = self._client._borrow()
+        try:
+            rv = lib.lnorm_normalize_backward_async(h, ctypes.byref(call.req), _on_done, key)
         finally:
             self._client._return()
         if rv != 0:  # not started: the callback will not run

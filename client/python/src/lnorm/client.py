@@ -8,6 +8,7 @@ from typing import Any, List, Optional, Sequence, Union
 
 from . import _arrays as arr
 from . import errors
+from ._backward import BackwardCall
 from ._call import Call, EpsModeLike, OpLike, raise_for
 from ._lib import ClientOpts, ParamsDesc, Result, ServerInfo as _CInfo, lib
 
@@ -60,6 +61,9 @@ class Client:
         send_deadline: also send timeout_ms as the server-side deadline.
         tls_ca_file, tls_cert_key_file, tls_server_name, tls_insecure: TLS for
             ``tls+tcp://`` URLs (docs/security.md).
+        auto_shm_bytes: calls of at least this many bytes go through shared
+            memory when every URL is ``ipc://`` and the daemon allows it
+            (docs/shm.md; default 0: never).
 
     One client may be used from many threads at once; calls release the GIL
     while they wait. Use it as a context manager, or call close().
@@ -69,7 +73,8 @@ class Client:
                  send_timeout_ms: Optional[int] = None, chunk_bytes: Optional[int] = None,
                  pipeline_depth: Optional[int] = None, send_deadline: bool = False,
                  tls_ca_file: Optional[str] = None, tls_cert_key_file: Optional[str] = None,
-                 tls_server_name: Optional[str] = None, tls_insecure: bool = False) -> None:
+                 tls_server_name: Optional[str] = None, tls_insecure: bool = False,
+                 auto_shm_bytes: int = 0) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise errors.InvalidArgument("url: give at least one URL")
@@ -88,6 +93,7 @@ class Client:
                          for s in (tls_ca_file, tls_cert_key_file, tls_server_name)]
         opts.tls_ca_file, opts.tls_cert_key_file, opts.tls_server_name = self._strings
         opts.tls_insecure = int(bool(tls_insecure))
+        opts.auto_shm_bytes = int(auto_shm_bytes)
         curls = (ctypes.c_char_p * len(urls))(*[u.encode() for u in urls])
         handle = ctypes.c_void_p()
         rv = lib.lnorm_client_open(ctypes.byref(handle), curls, len(urls), ctypes.byref(opts))
@@ -186,6 +192,44 @@ class Client:
         call = Call(x, op, gamma, beta, residual, eps, eps_mode, stats, out_dtype, params_id, out,
                     timeout_ms, priority, max_queue_us)
         self._run(lib.lnorm_normalize, ctypes.byref(call.req))
+        return call.finish()
+
+    def normalize_backward(self, x: Any, dy: Any, op: OpLike = "layernorm", *, gamma: Any = None,
+                           params_id: Optional[str] = None, mean: Any = None, rstd: Any = None,
+                           dres: Any = None, eps: float = DEFAULT_EPS, eps_mode: EpsModeLike = "inside",
+                           dx_dtype: Any = None, dx: bool = True, dgamma: bool = False, dbeta: bool = False,
+                           out: Any = None, timeout_ms: Optional[int] = None, priority: int = 0,
+                           max_queue_us: int = 0) -> Any:
+        """The gradients of a normalize over x's last axis, on the server.
+
+        Args:
+            x: what the forward normalized (x + residual when it fused one);
+                numpy array or torch CPU tensor, float32 / float16 / bfloat16.
+            dy: the gradient of the forward's output, x's shape (any served dtype).
+            op, eps, eps_mode: the forward's.
+            gamma: the forward's gamma (one value per element of the last axis),
+                or params_id: gamma registered with register_params.
+            mean, rstd: the forward's statistics (``stats=True``), float32, one
+                per row; recomputed by the server when not given (LayerNorm
+                takes both or neither, RMSNorm rstd only).
+            dres: the gradient that reached the forward's residual_out (x's
+                shape and dtype); added to dx, which is then the gradient of
+                both x and the residual.
+            dx_dtype: dtype of dx (default x's). dx, dgamma, dbeta: which
+                gradients to return (at least one).
+            out: write dx into this array (x's shape, dx_dtype, C-contiguous).
+            timeout_ms, priority, max_queue_us: as normalize.
+
+        Returns:
+            dx (numpy array, or a torch tensor when x is one); or, with
+            ``dgamma=True`` or ``dbeta=True``, a Gradients tuple
+            ``(dx, dgamma, dbeta)`` (None for those not asked for). A large
+            call is split by rows; its dgamma / dbeta are the sums of the
+            parts (their bits depend on the split, see docs/client.md).
+        """
+        call = BackwardCall(x, dy, op, gamma, params_id, mean, rstd, dres, eps, eps_mode, dx_dtype, dx, dgamma,
+                            dbeta, out, timeout_ms, priority, max_queue_us)
+        self._run(lib.lnorm_normalize_backward, ctypes.byref(call.req))
         return call.finish()
 
     def register_params(self, params_id: str, gamma: Any = None, beta: Any = None) -> None:
