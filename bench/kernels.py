@@ -96,6 +96,10 @@ def main():
     ap.add_argument("--peers", default=None,
                     help="--bwd: folder with the peers' code (liger/liger_kernel, fa/flash_attn), not vendored")
     ap.add_argument("--verbose", action="store_true", help="--bwd: print the peers' failures in full")
+    ap.add_argument("--peer-hs", default=None, help="--bwd: time the peers at these H only (comma list)")
+    ap.add_argument("--peer-budget-s", type=float, default=1e9,
+                    help="--bwd: stop timing peers other than torch eager after this many seconds")
+    ap.add_argument("--rep-ms", type=float, default=100.0, help="--bwd: do_bench's rep (ms)")
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
                     help="stop timing torch.compile once its compiles took this long (recorded as skipped)")
     ap.add_argument("--commit", default=os.environ.get("LNORM_COMMIT", "unknown"))

@@ -26,6 +26,7 @@ import traceback
 
 import torch
 import torch.nn.functional as F
+import triton
 import triton.testing
 
 DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -112,8 +113,25 @@ def main_bwd(a, lib):
             setattr(torch._dynamo.config, knob, 1024)
     comp = {"ln": torch.compile(_ln, dynamic=False), "rms": torch.compile(_rms, dynamic=False)}
     compile_spent = 0.0
+    t_start = time.time()
+    peer_hs = set(int(h) for h in a.peer_hs.split(",")) if a.peer_hs else None
     stream = torch.cuda.current_stream().cuda_stream
     rows, copy_gbs = [], {}
+    os.makedirs(a.out, exist_ok=True)
+    stem = f"-{a.name}" if a.name else ""
+    jpath = os.path.join(a.out, f"kernels-bwd{stem}.json")
+
+    def write(done):
+        out = {"what": "backward throughput, lnormd's kernels beside the peers, one process, same tensors",
+               "device": dev, "date": date, "commit": a.commit, "elements": total, "complete": done,
+               "gbs_definition": "3 * N * H * element_bytes (x, dy read, dx written) / median time (do_bench); "
+                                 "dgamma/dbeta computed by every implementation, not counted",
+               "target": "at least the best peer, and >= 0.80 x copy for H <= 16384, >= 0.65 x copy above",
+               "copy_gbs": copy_gbs, "peers": names, "peers_not_loaded": peer_why,
+               "torch": torch.__version__, "triton": triton.__version__,
+               "torch_compile_seconds": compile_spent, "rows": rows}
+        with open(jpath, "w") as f:
+            json.dump(out, f, indent=1)
     torch.manual_seed(0)
     for dtype in [getattr(torch, d) for d in a.dtypes.split(",")]:
         dname = str(dtype).replace("torch.", "")
@@ -163,10 +181,16 @@ def main_bwd(a, lib):
                     return dx
                 dx_l = lnormd()
                 torch.cuda.synchronize()
-                res["lnormd"] = gbs(triton.testing.do_bench(lnormd, return_mode="median"))
+                res["lnormd"] = gbs(triton.testing.do_bench(lnormd, rep=a.rep_ms, return_mode="median"))
                 # Peers: each keeps its forward's graph; the timed call is the backward alone.
                 dx_ref = None
                 for name in names:
+                    if name != "torch_eager" and (
+                            (peer_hs is not None and H not in peer_hs) or time.time() - t_start > a.peer_budget_s):
+                        res[name] = None
+                        res[name + "_why"] = "not timed at this H" if peer_hs is not None and H not in peer_hs \
+                            else "the run's peer time budget was spent"
+                        continue
                     try:
                         xr = x.detach().requires_grad_(True)
                         wr = w.detach().requires_grad_(True)
@@ -183,7 +207,7 @@ def main_bwd(a, lib):
                         if name == "torch_compile":
                             compile_spent += time.time() - t0
                         fn = lambda: torch.autograd.grad(yv, ins, dy, retain_graph=True)  # noqa: E731
-                        res[name] = gbs(triton.testing.do_bench(fn, return_mode="median"))
+                        res[name] = gbs(triton.testing.do_bench(fn, rep=a.rep_ms, return_mode="median"))
                         if name == "torch_eager":
                             dx_ref = grads[0].float()
                             dg_ref = grads[1].float()
@@ -206,8 +230,9 @@ def main_bwd(a, lib):
                 cp = copy_gbs[dname]
                 res["lnormd_vs_copy"] = res["lnormd"] / cp
                 timed = [res[n] for n in names if res.get(n)]
-                if not a.no_peers and timed:
+                if not a.no_peers and len(timed) > 1:
                     res["best_peer"] = max(timed)
+                    res["peers_timed"] = [n for n in names if res.get(n)]
                     res["lnormd_vs_best_peer"] = res["lnormd"] / res["best_peer"]
                     target = 0.80 if H <= 16384 else 0.65
                     res["target_copy_fraction"] = target
@@ -216,6 +241,7 @@ def main_bwd(a, lib):
                 if ip:
                     res["issue_best_peer_2026_12_02"] = ip
                 rows.append(res)
+                write(False)  # a run cut short keeps the rows it timed
                 peer_txt = " ".join(f"{n} {res[n]:6.0f}" if res.get(n) else f"{n} -" for n in names)
                 print(f"{op:3s} {dname:8s} H={H:6d} {res['lnormd_tier']:14s} lnormd {res['lnormd']:6.0f} | {peer_txt}"
                       f" | vs copy {res['lnormd_vs_copy']:.2f}"
@@ -226,18 +252,6 @@ def main_bwd(a, lib):
                 del x, dy, w, b, dx_l, scratch, dx_ref
                 torch.cuda.empty_cache()
         del src
-    out = {"what": "backward throughput, lnormd's kernels beside the peers, one process, same tensors",
-           "device": dev, "date": date, "commit": a.commit, "elements": total,
-           "gbs_definition": "3 * N * H * element_bytes (x, dy read, dx written) / median time (do_bench); "
-                             "dgamma/dbeta computed by every implementation, not counted",
-           "target": "at least the best peer, and >= 0.80 x copy for H <= 16384, >= 0.65 x copy above",
-           "copy_gbs": copy_gbs, "peers": names, "peers_not_loaded": peer_why,
-           "torch": torch.__version__, "triton": triton.__version__,
-           "torch_compile_seconds": compile_spent, "rows": rows}
-    os.makedirs(a.out, exist_ok=True)
-    stem = f"-{a.name}" if a.name else ""
-    jpath = os.path.join(a.out, f"kernels-bwd{stem}.json")
-    with open(jpath, "w") as f:
-        json.dump(out, f, indent=1)
+    write(True)
     print("wrote", jpath)
     return 0
