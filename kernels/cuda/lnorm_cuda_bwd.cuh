@@ -210,6 +210,17 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                 }
             }
         };
+        /* the given statistics of the next row, loaded a row ahead too */
+        float rs_n = 0.0f, mn_n = 0.0f;
+        auto fetch_stats = [&](int64_t r) {
+            if (r < r1) {
+                if (s->rstd)
+                    rs_n = s->rstd[r];
+                if (use_mean)
+                    mn_n = s->mean[r];
+            }
+        };
+        fetch_stats(r0 + slot);
         if constexpr (FAST) {
             fetch(r0 + slot, 0);
             cp_async_commit();
@@ -218,6 +229,9 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
             const int64_t r = r0 + (int64_t)it * RPC + slot;
             const bool active = r < r1;
             const int Hr = active ? H : 0;
+            const float rs_g = rs_n, mn_g = mn_n;
+            if (it + 1 < nit)
+                fetch_stats(r + RPC);
             if constexpr (FAST) {
                 /* the next row in flight while this one is reduced */
                 if (it + 1 < nit)
@@ -311,8 +325,8 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                     }
                 }
             }
-            const float rstd = s->rstd ? (active ? s->rstd[r] : 0.0f) : rs;
-            const float mean = use_mean && active ? s->mean[r] : 0.0f;
+            const float rstd = s->rstd ? rs_g : rs;
+            const float mean = mn_g;
             /* xhat and g = dy * gamma in place of x and dy's fp32 values,
              * dgamma's and dbeta's terms into the accumulators. */
 #pragma unroll
