@@ -56,6 +56,19 @@ static void st_el(void *p, int dt, size_t i, double v)
         ((uint16_t *)p)[i] = lnorm_f32_to_bf16((float)v);
 }
 
+/* v rounded to dtype dt and back. */
+static double ld_el_round(double v, int dt)
+{
+    uint16_t h[2];
+    float f[1];
+    if (dt == LNORM_DTYPE_F32) {
+        f[0] = (float)v;
+        return f[0];
+    }
+    st_el(h, dt, 0, v);
+    return ld_el(h, dt, 0);
+}
+
 /* How a case's rows are drawn. */
 enum { ROWS_RANDOM, ROWS_CONST, ROWS_BIGMEAN, ROWS_HUGE, ROWS_TINY, ROWS_NAN };
 
@@ -397,6 +410,15 @@ static void check_case(const bcase *c, const char *label)
                     CHECK_FAIL("%s: row %lld col %lld: dx %g in a NaN row", label, (long long)r, (long long)k, got);
                 continue;
             }
+            /* past the dtype's range (f16 above 65504: eps outside the sqrt
+             * makes a constant row's rstd 1 / eps), dx rounds to +-Inf */
+            const double rounded = ld_el_round(ref, s->dx_dtype);
+            if (isinf(rounded)) {
+                if (!(got == rounded) && bad++ < 3)
+                    CHECK_FAIL("%s: row %lld col %lld: dx %g, reference %g rounds to %g", label, (long long)r,
+                               (long long)k, got, ref, rounded);
+                continue;
+            }
             if (!(fabs(got - ref) <= tol * sc + 1e-300) && bad++ < 3)
                 CHECK_FAIL("%s: row %lld col %lld: dx %.9g, reference %.9g (scale %.3g)", label, (long long)r,
                            (long long)k, got, ref, sc);
@@ -416,7 +438,9 @@ static void check_case(const bcase *c, const char *label)
     if (r2 > 0.0 && !(sqrt(e2 / r2) <= tol))
         CHECK_FAIL("%s: ||dx - ref|| / ||ref|| = %.3g > %.3g", label, sqrt(e2 / r2), tol);
     /* dgamma / dbeta: fp32 sums of one fp32 term a row, in any fixed
-     * order: within (rows + 8) roundings of the sum of |terms| */
+     * order: within rows roundings of the sum of |terms|, plus the terms'
+     * own error (xhat from fp32 statistics over the row: up to 45 units of
+     * 2^-24 seen with 4 rows of 131072-300000; 64 allowed) */
     for (int w = 0; w < 2; w++) {
         const float *got = w ? c->dbeta : c->dgamma;
         const double *ref = w ? db : dg, *ab = w ? dba : dga;
@@ -429,7 +453,7 @@ static void check_case(const bcase *c, const char *label)
                                got[k]);
                 continue;
             }
-            const double bound = ((double)s->rows + 8.0) * 0x1p-24 * ab[k] + 1e-300;
+            const double bound = ((double)s->rows + 64.0) * 0x1p-24 * ab[k] + 1e-300;
             if (!(fabs(got[k] - ref[k]) <= bound) && bad++ < 3)
                 CHECK_FAIL("%s: %s[%lld] = %.9g, reference %.9g (bound %.3g)", label, w ? "dbeta" : "dgamma",
                            (long long)k, got[k], ref[k], bound);
