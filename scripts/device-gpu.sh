@@ -13,7 +13,8 @@
 # A short step, not part of the proof: quick (test_gpu --quick). bwdbench:
 # bench/kernels.py --bwd (lnormd's backward beside torch eager/compile,
 # Liger-Kernel and flash-attention's Triton layer_norm, whose code is read
-# from $PEERS, default .peers: liger/liger_kernel, fa/flash_attn).
+# from $PEERS, default .peers: liger/liger_kernel, fa/flash_attn; peers
+# other than torch eager timed for $BWD_PEER_BUDGET s, default 360).
 # Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,bwd,san,triton,bench,bwdbench,quick]
 set -u
 B=${1:-build-sm90}
@@ -64,7 +65,7 @@ case ",$STEPS," in *,bench,*)
   step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" --name "${BENCH_NAME:-h200}" ;;
 esac
 case ",$STEPS," in *,bwdbench,*)
-  step bwd-bench 540 "$OUT/bwd-bench.log" python3 bench/kernels.py --bwd --peers "${PEERS:-.peers}" --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" --name "${BENCH_NAME:-h200}" ;;
+  step bwd-bench 540 "$OUT/bwd-bench.log" python3 bench/kernels.py --bwd --peers "${PEERS:-.peers}" --peer-budget-s "${BWD_PEER_BUDGET:-360}" --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" --name "${BENCH_NAME:-h200}" ;;
 esac
 cat "$S"
 exit $fail
