@@ -23,6 +23,7 @@ medians; previous_build in the JSON sums them up).
 Writes kernels[-NAME].json (device, date, commit, every figure) and
 kernels[-NAME].png into --out (--name NAME, e.g. h200), and prints a table.
 Usage: python3 bench/kernels.py --lib build-sm90/kernels/cuda/liblnorm_cuda_bench.so --out DIR
+With --bwd, the backward pass beside its peers instead (bench/kernels_bwd.py).
 """
 import argparse
 import ctypes
@@ -88,7 +89,17 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", default=".")
     ap.add_argument("--name", default="", help="file name suffix: kernels-NAME.json (e.g. the machine, h200)")
-    ap.add_argument("--elems-log2", type=int, default=27)
+    ap.add_argument("--elems-log2", type=int, default=None, help="N x H = 2^this (default 27; --bwd 26)")
+    ap.add_argument("--bwd", action="store_true",
+                    help="the backward pass instead (bench/kernels_bwd.py): lnormd beside torch eager, "
+                         "torch.compile, Liger-Kernel and flash-attention's Triton layer_norm; kernels-bwd[-NAME].json")
+    ap.add_argument("--peers", default=None,
+                    help="--bwd: folder with the peers' code (liger/liger_kernel, fa/flash_attn), not vendored")
+    ap.add_argument("--verbose", action="store_true", help="--bwd: print the peers' failures in full")
+    ap.add_argument("--peer-hs", default=None, help="--bwd: time the peers at these H only (comma list)")
+    ap.add_argument("--peer-budget-s", type=float, default=1e9,
+                    help="--bwd: stop timing peers other than torch eager after this many seconds")
+    ap.add_argument("--rep-ms", type=float, default=100.0, help="--bwd: do_bench's rep (ms)")
     ap.add_argument("--compile-budget-s", type=float, default=150.0,
                     help="stop timing torch.compile once its compiles took this long (recorded as skipped)")
     ap.add_argument("--commit", default=os.environ.get("LNORM_COMMIT", "unknown"))
@@ -113,6 +124,11 @@ def main():
     ap.add_argument("--prev-rounds", type=int, default=3)
     a = ap.parse_args()
     lib = load_lib(a.lib)
+    if a.elems_log2 is None:
+        a.elems_log2 = 26 if a.bwd else 27
+    if a.bwd:
+        from kernels_bwd import main_bwd  # (bench/, this file's folder)
+        return main_bwd(a, lib)
     prev = load_lib(a.previous) if a.previous else None
     dev = torch.cuda.get_device_name(0)
     stem = f"-{a.name}" if a.name else ""

@@ -4,16 +4,21 @@
 # (build-sm90, static, sm_90) carried along:
 #   1. tests/gpu/test_gpu            (full matrix vs float64, GPU vs CPU, invariance)
 #      tests/gpu/test_backend_cuda   (lnormd's CUDA backend: concurrent jobs, slots)
+#      tests/gpu/test_gpu_bwd        (backward: matrix vs float64, edges, bit-identical dgamma/dbeta)
 #   2. compute-sanitizer memcheck + racecheck on test_gpu --quick
 #   3. the Triton seed kernel's correctness test
 #   4. bench/kernels.py              (lnormd vs torch eager / compile / Triton seed)
 # Logs, JSON and PNG go to $OUT (default ./device-out); summary.txt lists
 # each step's exit status. Exits non-zero if any step failed.
-# A short step, not part of the proof: quick (test_gpu --quick).
-# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,san,triton,bench,quick]
+# A short step, not part of the proof: quick (test_gpu --quick). bwdbench:
+# bench/kernels.py --bwd (lnormd's backward beside torch eager/compile,
+# Liger-Kernel and flash-attention's Triton layer_norm, whose code is read
+# from $PEERS, default .peers: liger/liger_kernel, fa/flash_attn; peers
+# other than torch eager timed for $BWD_PEER_BUDGET s, default 360).
+# Usage: scripts/device-gpu.sh [build-folder] [steps: any of test,backend,bwd,san,triton,bench,bwdbench,quick]
 set -u
 B=${1:-build-sm90}
-STEPS=${2:-test,backend,san,triton,bench}
+STEPS=${2:-test,backend,bwd,san,triton,bench}
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -43,6 +48,9 @@ esac
 case ",$STEPS," in *,backend,*)
   step gpu-backend 180 "$OUT/gpu-backend.log" "$B/tests/gpu/test_backend_cuda" ;;
 esac
+case ",$STEPS," in *,bwd,*)
+  step gpu-bwd 300 "$OUT/gpu-bwd.log" "$B/tests/gpu/test_gpu_bwd" ;;
+esac
 case ",$STEPS," in *,san,*)
   # Both tools into one log (at most 8 files come back from the device).
   step memcheck 240 "$OUT/sanitizer-memcheck.tmp" compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --quick
@@ -55,6 +63,9 @@ case ",$STEPS," in *,triton,*)
 esac
 case ",$STEPS," in *,bench,*)
   step bench 420 "$OUT/bench.log" python3 bench/kernels.py --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" --name "${BENCH_NAME:-h200}" ;;
+esac
+case ",$STEPS," in *,bwdbench,*)
+  step bwd-bench 540 "$OUT/bwd-bench.log" python3 bench/kernels.py --bwd --peers "${PEERS:-.peers}" --peer-budget-s "${BWD_PEER_BUDGET:-360}" --lib "$B/kernels/cuda/liblnorm_cuda_bench.so" --out "$OUT" --commit "$COMMIT" --name "${BENCH_NAME:-h200}" ;;
 esac
 cat "$S"
 exit $fail

@@ -94,8 +94,10 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * pass instead of holding it in registers, in the tiers of 128 threads a
  * row and more: off, where it pays (default), wherever the straight-line
  * form runs, and in the 1024-thread one-CTA tier instead of the bulk
- * kernel); "defaults" 0 puts every setting back. Returns LNORM_EINVAL for
- * an unknown name or value. */
+ * kernel); "bwd_grid" N >= 0 (the backward's main launches use at most N
+ * CTAs (clusters), which then loop over the row groups; 0 = one a group);
+ * "defaults" 0 puts every setting back. Returns LNORM_EINVAL for an
+ * unknown name or value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
 
 /* Process-wide counters, for tests and benchmarks: "bulk_launches" (launches
@@ -119,6 +121,28 @@ size_t lnorm_cuda_bwd_scratch_bytes(const lnorm_bwd_batch *b);
  * for the dgamma/dbeta partials. Returns as lnorm_cuda_run. */
 int lnorm_cuda_run_bwd(const lnorm_bwd_batch *b, void *stream, void *scratch, size_t scratch_bytes,
                        const char **why);
+
+/* The backward tier of a segment with this x dtype and hidden size, and a
+ * short description in *desc if not NULL ("bwd<threads a row>cl<CTAs a
+ * row>" or "bwdstream1024"); -1 for an invalid dtype or hidden < 1. */
+int lnorm_cuda_bwd_tier(int x_dtype, int64_t hidden, const char **desc);
+
+/* Kernel launches lnorm_cuda_run_bwd makes for batch b (one per (x dtype,
+ * backward tier, kernel form) group, plus one dgamma/dbeta reduction when a
+ * segment asks for either), or -1 if b is invalid. */
+int lnorm_cuda_bwd_launch_count(const lnorm_bwd_batch *b);
+
+/* ctypes entry points of the backward (bench/kernels.py --bwd): the scratch
+ * bytes of one contiguous segment (-1 if invalid), and one segment given by
+ * plain arguments (device pointers, optional ones NULL; dtypes as
+ * lnorm_dtype, 0 = x's; strides 0 = hidden; dres has x's stride) run on
+ * stream with scratch. Return an lnorm error code. */
+int64_t lnorm_cuda_norm_bwd_scratch(int op, int x_dtype, int64_t rows, int64_t hidden, int dgamma, int dbeta);
+int lnorm_cuda_norm_bwd(int op, int x_dtype, int dy_dtype, int dx_dtype, int param_dtype, int64_t rows,
+                        int64_t hidden, int64_t x_stride, int64_t dy_stride, int64_t dx_stride, const void *x,
+                        const void *dy, void *dx, const void *dres, const void *gamma, const float *mean,
+                        const float *rstd, float *dgamma, float *dbeta, float eps, int eps_mode, void *stream,
+                        void *scratch, size_t scratch_bytes);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "lnorm_cuda.h"
+#include "lnorm_cuda_bwd_impl.h"
 #include "lnorm_cuda_impl.h"
 
 struct lnorm_cuda_ws {
@@ -69,6 +70,7 @@ int lnorm__bulk_ctas_override = 0;
 int lnorm__fast_grid = 0;
 int lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
 int lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
+int lnorm__bwd_grid = 0; /* lnorm_cuda_bwd_impl.h */
 long lnorm__al_launches = 0;
 long lnorm__rr_launches = 0;
 long lnorm__bulk_launches = 0;
@@ -101,6 +103,7 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_grid = 0;
         lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
         lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
+        lnorm__bwd_grid = 0;
     } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
     else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
@@ -113,6 +116,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_aligned = value;
     else if (!strcmp(name, "fast_reread") && value >= 0 && value <= 2)
         lnorm__fast_reread = value;
+    else if (!strcmp(name, "bwd_grid") && value >= 0)
+        lnorm__bwd_grid = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;

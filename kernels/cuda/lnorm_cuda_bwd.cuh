@@ -1,0 +1,691 @@
+/*
+ * The backward pass's kernels (kernels/core/lnorm_core.h, "Backward"):
+ * dx of a row, and per row group the partial sums of dgamma and dbeta,
+ * which k_bwd_reduce then sums over the groups of a segment. No float
+ * atomics: every sum is a fixed tree or a fixed sequence.
+ *
+ * Work. A segment's rows are cut into row groups of G rows (the host's
+ * rule, lnorm_cuda_bwd_run.c: a function of the segment's rows, hidden and
+ * x dtype only). One CTA (one cluster in the cluster tiers) takes one group
+ * at a time (grid: one per group, or fewer looping over them, "bwd_grid"),
+ * runs its rows in order, and writes the group's partial sums of dy * xhat
+ * and dy for its columns. So the bits of dx, dgamma and dbeta depend on the
+ * segment alone: never on the grid, the SM count or the batch.
+ *
+ * Column mapping (as the forward's, lnorm_cuda_io.cuh): chunk j of thread
+ * t of CTA rank k covers columns [c * VEC, c * VEC + VEC),
+ * c = (k * NCH + j) * TPR + t; NCH * VEC = 8 columns a thread (one
+ * 16-byte chunk of 16-bit x, two of f32), whose dgamma and dbeta
+ * accumulators stay in registers over the group's rows. Small tiers hold
+ * RPC = BLOCK / TPR rows a CTA at once (row slot = thread / TPR, the
+ * group's rows r0 + slot, r0 + slot + RPC, ...); the slots' accumulators
+ * are added in slot order at the end of the group.
+ *
+ * A row: x and dy are read once (the next row of the slot is loaded while
+ * this one is reduced), converted to fp32; statistics are recomputed where
+ * not given (and always with eps outside the sqrt, for sigma) with the
+ * forward's formulas (shift K = x[0], centred variance, the rescue of
+ * rescale.h); then a = sum(g), b = sum(g * xhat) over the row (fixed
+ * trees, group_sum), and dx = rstd * (g - a / H - xhat * b / H * cfac)
+ * (+ dres), cfac = 1 with eps inside, 1 / (sigma * rstd) outside.
+ */
+#ifndef LNORM_CUDA_BWD_CUH
+#define LNORM_CUDA_BWD_CUH
+
+#include <cooperative_groups.h>
+
+#include "lnorm_cuda_bwd_impl.h"
+#include "lnorm_cuda_launch.cuh"
+
+namespace lnorm_cuda {
+
+namespace cg = cooperative_groups;
+
+/* Threads of a backward CTA: TPR, at least 128 (several rows a CTA); at
+ * most 64 registers a thread (1024 threads an SM). smem: bytes of dynamic
+ * shared memory, the dgamma/dbeta accumulators of every thread. */
+template <int TPR> struct BwdShape {
+    static constexpr int block = TPR < 128 ? 128 : TPR;
+    static constexpr int min_blocks = 1024 / block;
+    static constexpr int smem = 2 * LNORM__BWD_COLS * 4 * block;
+    static constexpr int smem_fast = smem + 2 * 2 * 16 * (LNORM__BWD_COLS / 4) * block; /* + stages, room for f32 */
+};
+
+template <typename T> struct DtypeOf;
+template <> struct DtypeOf<float> {
+    static constexpr int value = LNORM_DTYPE_F32;
+};
+template <> struct DtypeOf<__half> {
+    static constexpr int value = LNORM_DTYPE_F16;
+};
+template <> struct DtypeOf<__nv_bfloat16> {
+    static constexpr int value = LNORM_DTYPE_BF16;
+};
+
+/* Element i of p, of run-time dtype dt, as fp32. */
+__device__ __forceinline__ float ld_any(const void *p, int dt, int64_t i)
+{
+    if (dt == LNORM_DTYPE_F32)
+        return ((const float *)p)[i];
+    if (dt == LNORM_DTYPE_F16)
+        return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+/* Store v rounded to run-time dtype dt at element i of p. */
+__device__ __forceinline__ void st_any(void *p, int dt, int64_t i, float v)
+{
+    if (dt == LNORM_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (dt == LNORM_DTYPE_F16)
+        ((__half *)p)[i] = __float2half_rn(v);
+    else
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+}
+
+/* The segment that launch item idx (a row group, or with cblk a column
+ * block of the reduction) belongs to: the last table entry whose first
+ * item is <= idx (binary search), or the inline one. */
+__device__ __forceinline__ const lnorm__bseg *find_bseg(const lnorm__bparams &p, int64_t idx, bool cblk)
+{
+    if (p.table == nullptr)
+        return &p.one;
+    int lo = 0, hi = p.nsegs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if ((cblk ? p.table[mid].cblk_begin : p.table[mid].group_begin) <= idx)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &p.table[lo];
+}
+
+/* cp.async of 16 bytes (src_bytes of them read, the rest zero-filled)
+ * from global memory into this thread's shared memory, through L2 only. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+/* Wait for every group but the newest. */
+__device__ __forceinline__ void cp_async_wait1()
+{
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+
+/* The partial sums' last step: dx of one element from its g = dy * gamma
+ * and xhat, the row's means ma = a / H and mb = b / H * cfac. */
+__device__ __forceinline__ float bwd_dx(float g, float xh, float ma, float mb, float rstd)
+{
+    return __fmul_rn(rstd, __fsub_rn(__fsub_rn(g, ma), __fmul_rn(xh, mb)));
+}
+
+/* The register tiers: TPR threads a row, CL CTAs a row (a cluster). */
+template <typename TX, int TPR, int CL, bool FAST>
+__global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_blocks)
+    k_bwd(const __grid_constant__ lnorm__bparams p)
+{
+    constexpr int BLOCK = BwdShape<TPR>::block;
+    constexpr int RPC = BLOCK / TPR;
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    constexpr int NC = LNORM__BWD_COLS;
+    constexpr int NCH = NC / VEC;
+    constexpr int XDT = DtypeOf<TX>::value;
+    __shared__ float red[2][BLOCK / 32];
+    __shared__ ClusterRed<CL, BLOCK / 32> cr;
+    /* The accumulators of dgamma (quads 0 .. NC/4 - 1) and dbeta (the next
+     * NC/4) of thread tid: quad q at acc[q * BLOCK + tid] (16-byte
+     * accesses, consecutive threads consecutive addresses). */
+    extern __shared__ float4 acc[];
+    constexpr int NQ = NC / 4;
+    /* FAST: the stages of x and dy after the accumulators, [2][2][NCH]
+     * 16-byte slots a thread at stg[((st * 2 + tensor) * NCH + j) * BLOCK +
+     * tid], each filled and read by its own thread (cp.async) */
+    uint4 *stg = reinterpret_cast<uint4 *>(acc + 2 * NQ * BLOCK);
+    void *cred = &cr;
+    const int tid = (int)threadIdx.x;
+    const int slot = tid / TPR, t = tid % TPR;
+    int rank = 0;
+    if constexpr (CL > 1) {
+        rank = (int)cg::this_cluster().block_rank();
+        cluster_red_init(&cr);
+        cg::this_cluster().sync();
+    }
+    int par = 0;
+    const int64_t ncl = gridDim.x / CL;
+    for (int64_t gi = blockIdx.x / CL; gi < p.total; gi += ncl) {
+        const lnorm__bseg *s = find_bseg(p, gi, false);
+        const int H = (int)s->hidden;
+        const int64_t g = gi - s->group_begin;
+        const int64_t r0 = g * s->grows;
+        const int64_t r1 = r0 + s->grows < s->rows ? r0 + s->grows : s->rows;
+        const int nit = (int)((r1 - r0 + RPC - 1) / RPC);
+        const bool rms = s->op == LNORM_OP_RMSNORM;
+        const bool dyx = FAST || s->dy_dtype == XDT, dxx = FAST || s->dx_dtype == XDT;
+        const bool outside = s->eps_mode == LNORM_EPS_OUTSIDE;
+        const bool stats = s->rstd == nullptr || (!rms && s->mean == nullptr) || outside;
+        const bool use_mean = !rms && s->mean != nullptr;
+        const float eps = s->eps;
+        const float fH = (float)H;
+        int c0s[NCH];
+#pragma unroll
+        for (int j = 0; j < NCH; j++)
+            c0s[j] = ((rank * NCH + j) * TPR + t) * VEC;
+        const bool gal = ((uintptr_t)s->gamma & 15) == 0;
+        const bool pf32 = sizeof(TX) != 4 && s->param_dtype == LNORM_DTYPE_F32;
+#pragma unroll
+        for (int q = 0; q < 2 * NQ; q++)
+            acc[q * BLOCK + tid] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        uint4 xn[NCH], dn[NCH];
+        /* The row's chunks: FAST, copied into the stage st by cp.async
+         * (whole aligned chunks, those past H zero-filled), else loaded
+         * into xn/dn. */
+        auto fetch = [&](int64_t r, int st) {
+            if (r >= r1)
+                return;
+            const TX *xp = (const TX *)s->x + r * s->x_stride;
+            const TX *dp = (const TX *)s->dy + r * s->dy_stride;
+            if constexpr (FAST) {
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const bool in = c0s[j] < H;
+                    cp_async16(&stg[((st * 2 + 0) * NCH + j) * BLOCK + tid], in ? xp + c0s[j] : xp, in ? 16 : 0);
+                    cp_async16(&stg[((st * 2 + 1) * NCH + j) * BLOCK + tid], in ? dp + c0s[j] : dp, in ? 16 : 0);
+                }
+            } else {
+                const bool xal = ((uintptr_t)xp & 15) == 0;
+#pragma unroll
+                for (int j = 0; j < NCH; j++)
+                    xn[j] = load_raw<TX>(xp, c0s[j], H, xal);
+                if (dyx) {
+                    const bool dal = ((uintptr_t)dp & 15) == 0;
+#pragma unroll
+                    for (int j = 0; j < NCH; j++)
+                        dn[j] = load_raw<TX>(dp, c0s[j], H, dal);
+                }
+            }
+        };
+        /* the given statistics of the next row, loaded a row ahead too */
+        float rs_n = 0.0f, mn_n = 0.0f;
+        auto fetch_stats = [&](int64_t r) {
+            if (r < r1) {
+                if (s->rstd)
+                    rs_n = s->rstd[r];
+                if (use_mean)
+                    mn_n = s->mean[r];
+            }
+        };
+        fetch_stats(r0 + slot);
+        if constexpr (FAST) {
+            fetch(r0 + slot, 0);
+            cp_async_commit();
+        }
+        for (int it = 0; it < nit; it++) {
+            const int64_t r = r0 + (int64_t)it * RPC + slot;
+            const bool active = r < r1;
+            const int Hr = active ? H : 0;
+            const float rs_g = rs_n, mn_g = mn_n;
+            if (it + 1 < nit)
+                fetch_stats(r + RPC);
+            if constexpr (FAST) {
+                /* the next row in flight while this one is reduced */
+                if (it + 1 < nit)
+                    fetch(r + RPC, (it + 1) & 1);
+                cp_async_commit();
+                cp_async_wait1();
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    xn[j] = stg[(((it & 1) * 2 + 0) * NCH + j) * BLOCK + tid];
+                    dn[j] = stg[(((it & 1) * 2 + 1) * NCH + j) * BLOCK + tid];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NCH; j++)
+                    xn[j] = dn[j] = make_uint4(0u, 0u, 0u, 0u);
+                fetch(r, 0);
+            }
+            float xf[NCH][VEC], dyf[NCH][VEC];
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                unpack<TX>(xn[j], xf[j]);
+                unpack<TX>(dn[j], dyf[j]);
+            }
+            if (!dyx) {
+#pragma unroll
+                for (int j = 0; j < NCH; j++)
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        dyf[j][k] = c0s[j] + k < Hr ? ld_any(s->dy, s->dy_dtype, r * s->dy_stride + c0s[j] + k) : 0.0f;
+            }
+            /* Statistics where not given (and sigma with eps outside). */
+            float K = 0.0f, d = 0.0f, rs = 0.0f, sigma = 0.0f;
+            if (stats) {
+                if (!rms) {
+                    K = active ? shift_of<TX>(((const TX *)s->x)[r * s->x_stride]) : 0.0f;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < NCH; j++)
+#pragma unroll
+                        for (int k = 0; k < VEC; k++)
+                            sum += c0s[j] + k < Hr ? xf[j][k] - K : 0.0f;
+                    sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
+                    par++;
+                    d = Hr > 0 ? sum / fH : 0.0f;
+                }
+                float sq = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NCH; j++)
+#pragma unroll
+                    for (int k = 0; k < VEC; k++) {
+                        const float e = c0s[j] + k < Hr ? (rms ? xf[j][k] : (xf[j][k] - K) - d) : 0.0f;
+                        sq = __fmaf_rn(e, e, sq);
+                    }
+                sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
+                par++;
+                const float var = Hr > 0 ? sq / fH : 1.0f;
+                rs = make_rstd(var, eps, s->eps_mode);
+                sigma = sqrtf(var);
+                const bool need = active && lnorm__rescale_needed(var, eps);
+                if (group_any<TPR, BLOCK>(need)) {
+                    /* rescale.h: both sums again over t = (x - K) * sc */
+                    const float sc = lnorm__rescale_factor(var);
+                    float ds = 0.0f;
+                    if (!rms) {
+                        float a = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < NCH; j++)
+#pragma unroll
+                            for (int k = 0; k < VEC; k++)
+                                a = __fadd_rn(a, c0s[j] + k < Hr ? __fmul_rn(xf[j][k] - K, sc) : 0.0f);
+                        a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
+                        par++;
+                        ds = Hr > 0 ? a / fH : 0.0f;
+                    }
+                    float b = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < NCH; j++)
+#pragma unroll
+                        for (int k = 0; k < VEC; k++) {
+                            const float tv = __fmul_rn(rms ? xf[j][k] : xf[j][k] - K, sc);
+                            const float e = c0s[j] + k < Hr ? (rms ? tv : __fsub_rn(tv, ds)) : 0.0f;
+                            b = __fmaf_rn(e, e, b);
+                        }
+                    b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
+                    par++;
+                    const float vs = Hr > 0 ? b / fH : 1.0f;
+                    if (need) {
+                        lnorm__rescaled(ds, vs, sc, eps, s->eps_mode, &d, &rs);
+                        if (vs <= FLT_MAX)
+                            sigma = sqrtf(vs) / sc;
+                    }
+                }
+            }
+            const float rstd = s->rstd ? rs_g : rs;
+            const float mean = mn_g;
+            /* xhat and g = dy * gamma in place of x and dy's fp32 values,
+             * dgamma's and dbeta's terms into the accumulators. */
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                float gm[VEC];
+                if (pf32)
+                    load_param<float, VEC>((const float *)s->gamma, c0s[j], H, gal, 1.0f, gm);
+                else
+                    load_param<TX, VEC>((const TX *)s->gamma, c0s[j], H, gal, 1.0f, gm);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const float xc = rms ? xf[j][k] : use_mean ? __fsub_rn(xf[j][k], mean) : __fsub_rn(xf[j][k] - K, d);
+                    xf[j][k] = __fmul_rn(xc, rstd);
+                }
+                if (active) {
+#pragma unroll
+                    for (int k4 = 0; k4 < VEC; k4 += 4) {
+                        const int q = (j * VEC + k4) / 4;
+                        float4 vg = acc[q * BLOCK + tid], vb = acc[(NQ + q) * BLOCK + tid];
+                        vg.x = __fmaf_rn(dyf[j][k4], xf[j][k4], vg.x);
+                        vg.y = __fmaf_rn(dyf[j][k4 + 1], xf[j][k4 + 1], vg.y);
+                        vg.z = __fmaf_rn(dyf[j][k4 + 2], xf[j][k4 + 2], vg.z);
+                        vg.w = __fmaf_rn(dyf[j][k4 + 3], xf[j][k4 + 3], vg.w);
+                        vb.x = __fadd_rn(vb.x, dyf[j][k4]);
+                        vb.y = __fadd_rn(vb.y, dyf[j][k4 + 1]);
+                        vb.z = __fadd_rn(vb.z, dyf[j][k4 + 2]);
+                        vb.w = __fadd_rn(vb.w, dyf[j][k4 + 3]);
+                        acc[q * BLOCK + tid] = vg;
+                        acc[(NQ + q) * BLOCK + tid] = vb;
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    dyf[j][k] = __fmul_rn(dyf[j][k], gm[k]);
+            }
+            float a = 0.0f, b = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NCH; j++)
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    const bool in = c0s[j] + k < Hr;
+                    a = in ? __fadd_rn(a, dyf[j][k]) : a;
+                    b = in ? __fmaf_rn(dyf[j][k], xf[j][k], b) : b;
+                }
+            if (!rms) {
+                a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
+                par++;
+            }
+            b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
+            par++;
+            if (!active)
+                continue; /* nothing below synchronizes */
+            const float ma = rms ? 0.0f : a / fH;
+            float mb = b / fH;
+            if (outside)
+                mb = sigma == 0.0f ? 0.0f : mb / __fmul_rn(sigma, rstd);
+            TX *dxp = (TX *)s->dx + r * s->dx_stride;
+            const bool dxal = ((uintptr_t)dxp & 15) == 0;
+            const TX *drp = !FAST && s->dres ? (const TX *)s->dres + r * s->dres_stride : nullptr;
+            const bool dral = ((uintptr_t)drp & 15) == 0;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                float o[VEC], dr[VEC];
+                if (drp)
+                    unpack<TX>(load_raw<TX>(drp, c0s[j], H, dral), dr);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    o[k] = bwd_dx(dyf[j][k], xf[j][k], ma, mb, rstd);
+                    if (drp)
+                        o[k] = __fadd_rn(o[k], dr[k]);
+                }
+                if (dxx) {
+                    store_raw<TX>(dxp, c0s[j], H, dxal, pack<TX>(o));
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; k++)
+                        if (c0s[j] + k < H)
+                            st_any(s->dx, s->dx_dtype, r * s->dx_stride + c0s[j] + k, o[k]);
+                }
+            }
+        }
+        /* The group's partial sums: the row slots' accumulators in slot
+         * order, then one store a column. */
+        if constexpr (RPC > 1)
+            __syncthreads();
+        if (slot == 0) {
+            float *pg = s->pdg ? s->pdg + g * H : nullptr;
+            float *pb = s->pdb ? s->pdb + g * H : nullptr;
+#pragma unroll
+            for (int q = 0; q < 2 * NQ; q++) {
+                float4 v = acc[q * BLOCK + t];
+                for (int sl = 1; sl < RPC; sl++) {
+                    const float4 u = acc[q * BLOCK + sl * TPR + t];
+                    v.x = __fadd_rn(v.x, u.x);
+                    v.y = __fadd_rn(v.y, u.y);
+                    v.z = __fadd_rn(v.z, u.z);
+                    v.w = __fadd_rn(v.w, u.w);
+                }
+                float *pp = q < NQ ? pg : pb;
+                const int qq = q < NQ ? q : q - NQ;
+                const int c = c0s[qq * 4 / VEC] + qq * 4 % VEC;
+                if (pp) {
+                    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        if (c + k < H)
+                            pp[c + k] = e[k];
+                }
+            }
+        }
+        if constexpr (RPC > 1)
+            __syncthreads(); /* before the next group's zeroing */
+    }
+    if constexpr (CL > 1)
+        cg::this_cluster().sync(); /* no CTA leaves while a peer may still store into it */
+}
+
+/* The streaming tier (rows longer than the largest cluster): one CTA of
+ * 1024 threads a row group, each pass reading the row from global memory
+ * (thread tid takes columns tid, tid + 1024, ...); the group's partial
+ * sums are kept in its partial rows (pdg/pdb) themselves, added to row by
+ * row in order (only this CTA writes them). A fallback, not a fast path. */
+template <typename TX> __global__ void __launch_bounds__(1024, 1) k_bwd_stream(const __grid_constant__ lnorm__bparams p)
+{
+    __shared__ float buf[33];
+    const int tid = (int)threadIdx.x;
+    for (int64_t gi = blockIdx.x; gi < p.total; gi += gridDim.x) {
+        const lnorm__bseg *s = find_bseg(p, gi, false);
+        const int H = (int)s->hidden;
+        const float fH = (float)H;
+        const int64_t g = gi - s->group_begin;
+        const int64_t r0 = g * s->grows;
+        const int64_t r1 = r0 + s->grows < s->rows ? r0 + s->grows : s->rows;
+        const bool rms = s->op == LNORM_OP_RMSNORM;
+        const bool outside = s->eps_mode == LNORM_EPS_OUTSIDE;
+        const bool stats = s->rstd == nullptr || (!rms && s->mean == nullptr) || outside;
+        const bool use_mean = !rms && s->mean != nullptr;
+        const float eps = s->eps;
+        const int pdt = sizeof(TX) != 4 && s->param_dtype == LNORM_DTYPE_F32 ? LNORM_DTYPE_F32 : DtypeOf<TX>::value;
+        auto gamma = [&](int c) { return s->gamma ? ld_any(s->gamma, pdt, c) : 1.0f; };
+        for (int64_t r = r0; r < r1; r++) {
+            const TX *xp = (const TX *)s->x + r * s->x_stride;
+            auto xv = [&](int c) { return to_f<TX>(xp[c]); };
+            auto dyv = [&](int c) { return ld_any(s->dy, s->dy_dtype, r * s->dy_stride + c); };
+            float K = 0.0f, d = 0.0f, rs = 0.0f, sigma = 0.0f;
+            if (stats) {
+                if (!rms) {
+                    K = shift_of<TX>(xp[0]);
+                    float sum = 0.0f;
+                    for (int c = tid; c < H; c += 1024)
+                        sum += xv(c) - K;
+                    d = block_sum_1024(sum, buf) / fH;
+                }
+                float sq = 0.0f;
+                for (int c = tid; c < H; c += 1024) {
+                    const float e = rms ? xv(c) : (xv(c) - K) - d;
+                    sq = __fmaf_rn(e, e, sq);
+                }
+                const float var = block_sum_1024(sq, buf) / fH;
+                rs = make_rstd(var, eps, s->eps_mode);
+                sigma = sqrtf(var);
+                if (lnorm__rescale_needed(var, eps)) {
+                    const float sc = lnorm__rescale_factor(var);
+                    float ds = 0.0f;
+                    if (!rms) {
+                        float a = 0.0f;
+                        for (int c = tid; c < H; c += 1024)
+                            a = __fadd_rn(a, __fmul_rn(xv(c) - K, sc));
+                        ds = block_sum_1024(a, buf) / fH;
+                    }
+                    float b = 0.0f;
+                    for (int c = tid; c < H; c += 1024) {
+                        const float tv = __fmul_rn(rms ? xv(c) : xv(c) - K, sc);
+                        const float e = rms ? tv : __fsub_rn(tv, ds);
+                        b = __fmaf_rn(e, e, b);
+                    }
+                    const float vs = block_sum_1024(b, buf) / fH;
+                    lnorm__rescaled(ds, vs, sc, eps, s->eps_mode, &d, &rs);
+                    if (vs <= FLT_MAX)
+                        sigma = sqrtf(vs) / sc;
+                }
+            }
+            const float rstd = s->rstd ? s->rstd[r] : rs;
+            const float mean = use_mean ? s->mean[r] : 0.0f;
+            auto xhat = [&](int c) {
+                const float x = xv(c);
+                const float xc = rms ? x : use_mean ? __fsub_rn(x, mean) : __fsub_rn(x - K, d);
+                return __fmul_rn(xc, rstd);
+            };
+            float a = 0.0f, b = 0.0f;
+            for (int c = tid; c < H; c += 1024) {
+                const float gv = __fmul_rn(dyv(c), gamma(c));
+                a = __fadd_rn(a, gv);
+                b = __fmaf_rn(gv, xhat(c), b);
+            }
+            if (!rms)
+                a = block_sum_1024(a, buf);
+            b = block_sum_1024(b, buf);
+            const float ma = rms ? 0.0f : a / fH;
+            float mb = b / fH;
+            if (outside)
+                mb = sigma == 0.0f ? 0.0f : mb / __fmul_rn(sigma, rstd);
+            const bool first = r == r0;
+            for (int c = tid; c < H; c += 1024) {
+                const float dy = dyv(c);
+                const float xh = xhat(c);
+                float o = bwd_dx(__fmul_rn(dy, gamma(c)), xh, ma, mb, rstd);
+                if (s->dres)
+                    o = __fadd_rn(o, to_f<TX>(((const TX *)s->dres)[r * s->dres_stride + c]));
+                st_any(s->dx, s->dx_dtype, r * s->dx_stride + c, o);
+                if (s->pdg) {
+                    float *q = s->pdg + g * H + c;
+                    *q = first ? __fmul_rn(dy, xh) : __fmaf_rn(dy, xh, *q);
+                }
+                if (s->pdb) {
+                    float *q = s->pdb + g * H + c;
+                    *q = first ? dy : __fadd_rn(*q, dy);
+                }
+            }
+        }
+    }
+}
+
+/* dgamma/dbeta: the sum over a segment's row groups of their partials, a
+ * block of LNORM__BWD_RCOLS columns a CTA: lane l of warp w sums groups w,
+ * w + 32, ... of column l in order, then lane l of warp 0 adds the 32
+ * warps' sums in order. The tree depends on the number of groups only. */
+template <int RCOLS>
+__global__ void __launch_bounds__(1024) k_bwd_reduce(const __grid_constant__ lnorm__bparams p)
+{
+    static_assert(RCOLS == 32, "a lane a column");
+    __shared__ float sg[32][RCOLS + 1], sb[32][RCOLS + 1];
+    const int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
+    for (int64_t bi = blockIdx.x; bi < p.total; bi += gridDim.x) {
+        const lnorm__bseg *s = find_bseg(p, bi, true);
+        const int64_t H = s->hidden;
+        const int64_t c = (bi - s->cblk_begin) * RCOLS + lane;
+        float vg = 0.0f, vb = 0.0f;
+        if (c < H) {
+            if (s->pdg) {
+#pragma unroll 4
+                for (int64_t q = w; q < s->ngroups; q += 32)
+                    vg = __fadd_rn(vg, s->pdg[q * H + c]);
+            }
+            if (s->pdb) {
+#pragma unroll 4
+                for (int64_t q = w; q < s->ngroups; q += 32)
+                    vb = __fadd_rn(vb, s->pdb[q * H + c]);
+            }
+        }
+        sg[w][lane] = vg;
+        sb[w][lane] = vb;
+        __syncthreads();
+        if (w == 0 && c < H) {
+            float tg = 0.0f, tb = 0.0f;
+            for (int i = 0; i < 32; i++) {
+                tg = __fadd_rn(tg, sg[i][lane]);
+                tb = __fadd_rn(tb, sb[i][lane]);
+            }
+            if (s->dgamma)
+                s->dgamma[c] = tg;
+            if (s->dbeta)
+                s->dbeta[c] = tb;
+        }
+        __syncthreads();
+    }
+}
+
+/* Launch one register tier: one CTA (cluster) a row group, at most
+ * lnorm__bwd_grid of them when set (they then loop over the groups). */
+template <typename TX, int TPR, int CL, bool FAST>
+static cudaError_t launch_bwd_reg(const lnorm__bparams *p, cudaStream_t st)
+{
+    constexpr int BLOCK = BwdShape<TPR>::block;
+    auto kern = k_bwd<TX, TPR, CL, FAST>;
+    int64_t n = p->total;
+    if (lnorm__bwd_grid > 0 && lnorm__bwd_grid < n)
+        n = lnorm__bwd_grid;
+    if (n > (1 << 26))
+        n = 1 << 26;
+    constexpr int SMEM = FAST ? BwdShape<TPR>::smem_fast : BwdShape<TPR>::smem;
+    static int attr_set[64]; /* per device: the shared-memory opt-in made */
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (SMEM > 48 * 1024 && (dev >= 64 || !attr_set[dev])) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        if (e != cudaSuccess)
+            return e;
+        if (dev < 64)
+            attr_set[dev] = 1;
+    }
+    if constexpr (CL == 1) {
+        kern<<<(unsigned)n, BLOCK, SMEM, st>>>(*p);
+        return cudaGetLastError();
+    } else {
+        if (CL > 8) {
+            e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            if (e != cudaSuccess)
+                return e;
+        }
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = cluster_config(CL, dim3((unsigned)(n * CL), 1, 1), dim3(BLOCK, 1, 1), SMEM, st, &at);
+        return cudaLaunchKernelEx(&cfg, kern, *p);
+    }
+}
+
+template <typename TX> static cudaError_t launch_bwd_stream(const lnorm__bparams *p, cudaStream_t st)
+{
+    int64_t n = p->total;
+    if (lnorm__bwd_grid > 0 && lnorm__bwd_grid < n)
+        n = lnorm__bwd_grid;
+    if (n > (1 << 26))
+        n = 1 << 26;
+    k_bwd_stream<TX><<<(unsigned)n, 1024, 0, st>>>(*p);
+    return cudaGetLastError();
+}
+
+/* Launch backward tier `tier` (lnorm_cuda_bwd_impl.h) for x of type TX.
+ * The 16-CTA cluster tier needs a non-portable cluster size; where the
+ * device refuses it, the streaming tier runs the same groups. */
+template <typename TX> static int launch_bwd_tier(int tier, bool fast, const lnorm__bparams *p, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e;
+    switch (tier) {
+#define LNORM__BCASE(i, tpr, cl)                        \
+    case i:                                             \
+        e = fast ? launch_bwd_reg<TX, tpr, cl, true>(p, st) : launch_bwd_reg<TX, tpr, cl, false>(p, st); \
+        break;
+        LNORM__BCASE(0, 1, 1)
+        LNORM__BCASE(1, 2, 1)
+        LNORM__BCASE(2, 4, 1)
+        LNORM__BCASE(3, 8, 1)
+        LNORM__BCASE(4, 16, 1)
+        LNORM__BCASE(5, 32, 1)
+        LNORM__BCASE(6, 64, 1)
+        LNORM__BCASE(7, 128, 1)
+        LNORM__BCASE(8, 256, 1)
+        LNORM__BCASE(9, 512, 1)
+        LNORM__BCASE(10, 1024, 1)
+        LNORM__BCASE(11, 1024, 2)
+        LNORM__BCASE(12, 1024, 4)
+        LNORM__BCASE(13, 1024, 8)
+        LNORM__BCASE(14, 1024, 16)
+#undef LNORM__BCASE
+    case LNORM__BWD_NTIERS:
+        return (int)launch_bwd_stream<TX>(p, st);
+    default:
+        return (int)cudaErrorInvalidValue;
+    }
+    if (e != cudaSuccess && tier == LNORM__BWD_NTIERS - 1) {
+        (void)cudaGetLastError();
+        return (int)launch_bwd_stream<TX>(p, st);
+    }
+    return (int)e;
+}
+
+} // namespace lnorm_cuda
+
+#endif /* LNORM_CUDA_BWD_CUH */

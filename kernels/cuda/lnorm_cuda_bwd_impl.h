@@ -1,0 +1,91 @@
+/*
+ * Internal to the CUDA backend's backward pass (lnorm_cuda_bwd.cuh): the
+ * segment table as its kernels read it, its tiers, and the launchers.
+ */
+#ifndef LNORM_CUDA_BWD_IMPL_H
+#define LNORM_CUDA_BWD_IMPL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One backward segment as the kernels read it (device pointers). Its rows
+ * are cut into row groups of grows rows (the last one shorter): one CTA
+ * (cluster) takes a group at a time and writes the group's dgamma/dbeta
+ * partial sums to pdg/pdb ([ngroups][hidden] floats, NULL when not asked
+ * for); k_bwd_reduce then sums the partials over the groups. group_begin:
+ * the segment's first group in its launch; cblk_begin: its first block of
+ * LNORM__BWD_RCOLS columns in the reduction launch. */
+typedef struct lnorm__bseg {
+    const void *x;
+    const void *dy;
+    void *dx;
+    const void *dres;
+    const void *gamma;
+    const float *mean;
+    const float *rstd;
+    float *dgamma;
+    float *dbeta;
+    float *pdg;
+    float *pdb;
+    int64_t x_stride;
+    int64_t dy_stride;
+    int64_t dx_stride;
+    int64_t dres_stride;
+    int64_t hidden;
+    int64_t rows;
+    int64_t group_begin;
+    int64_t cblk_begin;
+    int64_t grows;
+    int64_t ngroups;
+    float eps;
+    int32_t op;
+    int32_t dy_dtype;
+    int32_t dx_dtype;
+    int32_t param_dtype;
+    int32_t eps_mode;
+} lnorm__bseg;
+
+/* A launch: a device table of nsegs segments sorted by group_begin (main
+ * kernels) or cblk_begin (k_bwd_reduce), or (table NULL) the single
+ * segment `one` inline; total: the launch's groups or column blocks. */
+typedef struct lnorm__bparams {
+    const lnorm__bseg *table;
+    int64_t total;
+    int32_t nsegs;
+    int32_t pad_;
+    lnorm__bseg one;
+} lnorm__bparams;
+
+/* Columns a CTA of k_bwd_reduce sums (one a lane of each of its warps). */
+#define LNORM__BWD_RCOLS 32
+
+/* The backward tiers, by hidden size: every thread holds 8 columns of a row
+ * (one 16-byte chunk of 16-bit x, two of f32 x) and its 8 dgamma and 8
+ * dbeta accumulators in registers; TPR threads a row, CL CTAs a row (a
+ * thread-block cluster). Tier i < 11: TPR = 2^i, CL = 1 (H <= 8192); tiers
+ * 11-14: TPR = 1024, CL = 2, 4, 8, 16 (H <= 131072); tier 15 streams the
+ * row (one 1024-thread CTA a row group, rows read from global memory in
+ * every pass). */
+#define LNORM__BWD_NTIERS 15 /* register tiers; tier 15 streams */
+#define LNORM__BWD_COLS 8    /* columns a thread */
+
+/* Cap on the CTAs (clusters) of a main backward launch, 0 = one a row
+ * group (lnorm_cuda_set_tuning "bwd_grid"); never changes the bits. */
+extern int lnorm__bwd_grid;
+
+/* Launch backward tier `tier` for x of dtype F32 / F16 / BF16 (fast: every
+ * segment of the launch qualifies for the fast form, lnorm__bwd_fast_ok),
+ * and the dgamma/dbeta reduction, on a cudaStream_t; return the
+ * cudaError_t. */
+int lnorm__cuda_bwd_launch_f32(int tier, int fast, const lnorm__bparams *p, void *stream);
+int lnorm__cuda_bwd_launch_f16(int tier, int fast, const lnorm__bparams *p, void *stream);
+int lnorm__cuda_bwd_launch_bf16(int tier, int fast, const lnorm__bparams *p, void *stream);
+int lnorm__cuda_bwd_reduce(const lnorm__bparams *p, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LNORM_CUDA_BWD_IMPL_H */
