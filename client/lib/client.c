@@ -175,7 +175,7 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     lnorm_client *c = arg;
     uint32_t id = (uint32_t)nng_pipe_id(p);
-    int did = nng_dialer_id(nng_pipe_dialer(p));
+    int did = ev == NNG_PIPE_EV_ADD_PRE ? nng_dialer_id(nng_pipe_dialer(p)) : -1;
     nng_mtx_lock(c->mtx);
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         if ((size_t)c->npipes == c->cap_pipes) {
@@ -211,17 +211,18 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
                 c->idle_since = nng_clock();
             *r = c->pipes[--c->npipes];
         }
+        nng_cv_wake(c->keeper_cv); /* (a URL may have no connection now) */
     }
     nng_mtx_unlock(c->mtx);
 }
 
 /*
  * The server on connection p answered UNAVAILABLE (draining). When the
- * client has a connection to another server, hold this server's URL:
- * close its dialer (and so its connections: NNG would reconnect at once)
- * and dial it again after the hold (lnorm__redial_stuck), so that nothing
- * new goes to it until it serves again. Returns the connections left to
- * other servers (0: nothing done).
+ * client has a connection to another server, hold this server's URL: the
+ * keeper closes its dialer (and so its connections: NNG would reconnect
+ * at once) and dials it again after the hold, so that nothing new goes to
+ * it until it serves again; meanwhile its connections count as closed.
+ * Returns the connections left to other servers (0: nothing done).
  */
 static int hold_server(lnorm_client *c, nng_pipe p)
 {
@@ -231,7 +232,6 @@ static int hold_server(lnorm_client *c, nng_pipe p)
     for (int i = 0; i < c->npipes; i++)
         mine += !c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r);
     int left = c->nlive - mine;
-    nng_dialer d = NNG_DIALER_INITIALIZER;
     if (left > 0 && r) {
         for (int i = 0; i < c->npipes; i++)
             if (!c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r))
@@ -240,62 +240,96 @@ static int hold_server(lnorm_client *c, nng_pipe p)
         if (dial >= 0 && !c->dials[dial].held) {
             c->dials[dial].held = 1;
             c->dials[dial].held_until = nng_clock() + (nng_time)c->hold_ms;
-            d = c->dials[dial].d;
+            c->dials[dial].close_now = 1;
         }
+        if (c->nclose < LNORM__CLOSE_QUEUE)
+            c->close_pipes[c->nclose++] = p; /* (at once: a dialer closes its connections later) */
+        nng_cv_wake(c->keeper_cv);
     }
     nng_mtx_unlock(c->mtx);
-    if (left <= 0 || !r)
-        return 0;
-    nng_pipe_close(p); /* (at once: the dialer closes its connections later) */
-    if (nng_dialer_id(d) > 0)
-        nng_dialer_close(d);
-    return left;
+    return left > 0 && r ? left : 0;
 }
 
 /*
- * Replace the dialer of every URL that has had no connection for
- * redial_ms. libnng 1.5.2's dialer stops for good when a connect fails
- * with NNG_ECLOSED, which is what writing the SP header gives when the
- * server was killed between accepting and reading it (the kernel releases
- * a killed process's connections before its listening socket, so an
- * immediate redial can land there): that URL would then never connect
- * again. A replaced dialer that was only waiting for the server costs one
- * early connect attempt. Checked at most every 100 ms, from a call's
- * callback (the client cannot be freed meanwhile).
+ * The keeper: a thread of the client that makes every change to its
+ * dialers and connections, never from NNG's own threads (libnng 1.5.2 can
+ * leave nng_close waiting for good when a connection of the socket was
+ * closed from inside one of its aio callbacks). It
+ *  - closes the dialer of a URL put on hold (hold_server) and dials it
+ *    again once the hold is over;
+ *  - replaces the dialer of a URL that has had no connection for
+ *    redial_ms: libnng 1.5.2's dialer stops for good when a connect fails
+ *    with NNG_ECLOSED, which is what writing the SP header gives when the
+ *    server was killed between accepting and reading it (the kernel
+ *    releases a killed process's connections before its listening
+ *    socket, so an immediate redial can land there), and that URL would
+ *    never connect again. A replaced dialer that was only waiting for its
+ *    server costs one early connect attempt.
+ * It looks every 100 ms while a URL has no connection or is held, else
+ * sleeps until a connection closes or a server is held.
  */
-static void lnorm__redial_stuck(lnorm_client *c)
+static void held_resume(lnorm__slot *s);
+
+static void keeper(void *arg)
 {
-    size_t stuck[64];
-    size_t n = 0;
-    nng_time now = nng_clock();
+    lnorm_client *c = arg;
     nng_mtx_lock(c->mtx);
-    if (c->closing || c->redialing || now < c->redial_check_at) {
-        nng_mtx_unlock(c->mtx);
-        return;
-    }
-    c->redial_check_at = now + 100;
-    int held[64];
-    for (size_t i = 0; i < c->ndials && n < 64; i++) {
-        lnorm__dial *d = &c->dials[i];
-        if (d->held ? now >= d->held_until
-                    : d->npipes == 0 && now - d->idle_since >= (nng_time)c->redial_ms) {
-            held[n] = d->held;
-            d->held = 0;
-            stuck[n++] = i;
+    for (;;) {
+        nng_time now = nng_clock();
+        size_t todo[64];
+        nng_dialer old[64];
+        int redial[64];
+        size_t n = 0;
+        int idle = 0;
+        for (size_t i = 0; i < c->ndials && n < 64; i++) {
+            lnorm__dial *d = &c->dials[i];
+            int close_now = d->close_now;
+            int again = d->held ? now >= d->held_until
+                                : d->npipes == 0 && now - d->idle_since >= (nng_time)c->redial_ms;
+            idle |= d->held || d->npipes == 0;
+            if (!close_now && !again)
+                continue;
+            nng_dialer none = NNG_DIALER_INITIALIZER;
+            old[n] = close_now || !d->held ? d->d : none;
+            redial[n] = again;
+            d->close_now = 0;
+            if (again)
+                d->held = 0;
+            todo[n++] = i;
         }
+        nng_pipe pipes[LNORM__CLOSE_QUEUE];
+        int np = c->nclose;
+        memcpy(pipes, c->close_pipes, (size_t)np * sizeof pipes[0]);
+        c->nclose = 0;
+        nng_mtx_unlock(c->mtx);
+        for (int k = 0; k < np; k++)
+            nng_pipe_close(pipes[k]);
+        for (size_t k = 0; k < n; k++) {
+            if (nng_dialer_id(old[k]) > 0)
+                nng_dialer_close(old[k]);
+            if (redial[k])
+                dial_one(c, todo[k]); /* (fails only when closing or out of memory) */
+        }
+        /* Requests answered UNAVAILABLE, now that their server's
+         * connections are closed: sent again to another server. */
+        nng_mtx_lock(c->mtx);
+        lnorm__slot *held = c->held_slots;
+        c->held_slots = NULL;
+        nng_mtx_unlock(c->mtx);
+        for (lnorm__slot *h = held, *next; h; h = next) {
+            next = h->next_held;
+            held_resume(h);
+        }
+        nng_mtx_lock(c->mtx);
+        if (c->closing && !c->held_slots)
+            break;
+        if (c->closing || n || np || held)
+            continue;
+        if (idle)
+            nng_cv_until(c->keeper_cv, nng_clock() + 100);
+        else
+            nng_cv_wait(c->keeper_cv);
     }
-    if (n)
-        c->redialing = 1;
-    nng_mtx_unlock(c->mtx);
-    if (!n)
-        return;
-    for (size_t k = 0; k < n; k++) {
-        if (!held[k])
-            nng_dialer_close(c->dials[stuck[k]].d); /* (non-blocking: NNG reaps it later) */
-        dial_one(c, stuck[k]);                      /* (fails only when closing or out of memory) */
-    }
-    nng_mtx_lock(c->mtx);
-    c->redialing = 0;
     nng_mtx_unlock(c->mtx);
 }
 
@@ -340,6 +374,8 @@ static void client_free(lnorm_client *c)
     free((char *)c->opts.tls_server_name);
     if (c->cv)
         nng_cv_free(c->cv);
+    if (c->keeper_cv)
+        nng_cv_free(c->keeper_cv);
     if (c->mtx)
         nng_mtx_free(c->mtx);
     free(c);
@@ -419,7 +455,8 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
     c->hold_ms = every > LNORM__HOLD_MIN_MS ? every : LNORM__HOLD_MIN_MS;
     c->idle_since = nng_clock();
     int rv = client_copy_strings(c, urls, nurls);
-    if (rv == LNORM_OK && ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0))
+    if (rv == LNORM_OK && ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0 ||
+                           (rv = nng_cv_alloc(&c->keeper_cv, c->mtx)) != 0))
         rv = lnorm__from_nng(rv);
     if (rv == LNORM_OK)
         rv = client_socket(c);
@@ -449,6 +486,12 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
     while (c->nprobing > 0)
         nng_cv_wait(c->cv);
     nng_mtx_unlock(c->mtx);
+    if ((rv = nng_thread_create(&c->keeper, keeper, c)) != 0) {
+        nng_close(c->sock);
+        lnorm__probe_fini(c);
+        client_free(c);
+        return lnorm__from_nng(rv);
+    }
     *out = c;
     return LNORM_OK;
 }
@@ -459,7 +502,10 @@ void lnorm_client_close(lnorm_client *c)
         return;
     nng_mtx_lock(c->mtx);
     c->closing = 1;
+    nng_cv_wake(c->keeper_cv);
     nng_mtx_unlock(c->mtx);
+    if (c->keeper)
+        nng_thread_destroy(c->keeper); /* (joins it) */
     /* Closing the socket aborts every exchange; the calls then complete
      * (with LNORM_ECLOSED) through their callbacks. */
     nng_close(c->sock);
@@ -665,7 +711,6 @@ static void start_chunk(lnorm__call *call, uint64_t i)
         advance_unlock(call);
         return;
     }
-    lnorm__redial_stuck(c);
     lnorm__slot *s = NULL;
     nng_mtx_lock(c->mtx);
     rv = slot_get(c, &s);
@@ -828,7 +873,6 @@ static int send_again(lnorm__slot *s)
     nng_msg *m = nng_aio_get_msg(s->aio);
     if (stop || !m || (s->has_send_by && nng_clock() >= s->send_by))
         return 0;
-    lnorm__redial_stuck(c);
     nng_aio_set_timeout(s->aio, send_wait(s));
     nng_ctx_send(s->ctx, s->aio);
     return 1;
@@ -860,7 +904,6 @@ static void slot_done(lnorm__slot *s, int rv, int err, int status, char *why, si
         size_t n = strlen(why);
         snprintf(why + n, whylen - n, " (after %d resend%s)", resends, resends == 1 ? "" : "s");
     }
-    lnorm__redial_stuck(c);
     nng_mtx_lock(c->mtx);
     if (rv != 0 && c->closing) {
         err = LNORM_ECLOSED;
@@ -889,10 +932,41 @@ static int unavailable_resend(lnorm__slot *s, nng_msg *m)
         return 0;
     if (hold_server(s->c, nng_msg_get_pipe(m)) == 0)
         return 0; /* no other server: the caller gets the reply's status */
-    if (!try_resend(s, NNG_ECONNSHUT))
-        return 0;
+    lnorm_client *c = s->c;
+    nng_mtx_lock(c->mtx);
+    int closing = c->closing; /* (the keeper may be gone) */
+    if (!closing) {
+        s->held_reply = m; /* the keeper resends it once that server's connections are closed */
+        s->next_held = c->held_slots;
+        c->held_slots = s;
+        nng_cv_wake(c->keeper_cv);
+    }
+    nng_mtx_unlock(c->mtx);
+    return !closing;
+}
+
+/* The reply m of the slot's chunk: handled, and the slot given back. */
+static void slot_reply(lnorm__slot *s, nng_msg *m)
+{
+    int err = LNORM_OK, status = -1;
+    char why[200];
+    why[0] = 0;
+    handle_reply(s->call, s->chunk, s->id, m, &err, &status, why, sizeof why);
     lnorm__msg_put(s->c, m);
-    return 1;
+    slot_done(s, 0, err, status, why, sizeof why);
+}
+
+/* On the keeper: a request answered UNAVAILABLE, sent again (to another
+ * server: that one's connections are closed), or ended with the reply. */
+static void held_resume(lnorm__slot *s)
+{
+    nng_msg *m = s->held_reply;
+    s->held_reply = NULL;
+    if (try_resend(s, NNG_ECONNSHUT)) {
+        lnorm__msg_put(s->c, m);
+        return;
+    }
+    slot_reply(s, m);
 }
 
 static void slot_cb(void *arg)
@@ -930,10 +1004,9 @@ static void slot_cb(void *arg)
     } else {
         nng_msg *m = nng_aio_get_msg(s->aio);
         nng_aio_set_msg(s->aio, NULL);
-        if (unavailable_resend(s, m))
-            return;
-        handle_reply(s->call, s->chunk, s->id, m, &err, &status, why, sizeof why);
-        lnorm__msg_put(s->c, m);
+        if (!unavailable_resend(s, m))
+            slot_reply(s, m);
+        return;
     }
     slot_done(s, rv, err, status, why, sizeof why);
 }

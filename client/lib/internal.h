@@ -95,6 +95,8 @@ struct lnorm__slot {
     int sent;                /* the chunk's first send has completed */
     int has_deadline;        /* 0: the reply timeout is infinite */
     nng_time deadline;       /* first send + reply timeout */
+    lnorm__slot *next_held;  /* in the client's held_slots */
+    nng_msg *held_reply;     /* the UNAVAILABLE reply it holds */
 };
 
 /* One URL of a client, the NNG dialer that keeps it connected, and
@@ -108,6 +110,7 @@ typedef struct lnorm__dial {
     int probing;             /* a probe is in flight */
     int held;                /* answered UNAVAILABLE: no dialer until held_until */
     nng_time held_until;
+    int close_now;           /* the keeper is to close its dialer */
     nng_stream_dialer *probe; /* NULL: the scheme is not probed */
     nng_aio *probe_aio;
     nng_stream *probe_conn;  /* the probe's connection, during its handshake */
@@ -125,7 +128,7 @@ typedef struct lnorm__pipe_rec {
 } lnorm__pipe_rec;
 
 /* A URL with no connection for this long (at least) has its dialer
- * replaced (see lnorm__redial_stuck). */
+ * replaced (see keeper in client.c). */
 #define LNORM__REDIAL_MIN_MS 1000
 
 /* A client that had a connection and lost every one waits at least this
@@ -137,6 +140,9 @@ typedef struct lnorm__pipe_rec {
  * is dialed again after max(reconnect_min_ms, reconnect_max_ms), at
  * least this long. */
 #define LNORM__HOLD_MIN_MS 500
+
+/* Connections (of no known URL) waiting for the keeper to close them. */
+#define LNORM__CLOSE_QUEUE 16
 
 /* How long a probe waits for its connect; how often probes are repeated
  * while requests wait without a connection. */
@@ -155,11 +161,14 @@ struct lnorm_client {
     uint64_t pipes_gen;      /* connections ever added */
     int ever_connected;
     nng_time idle_since;     /* when nlive last fell to 0 */
-    int redialing;           /* a thread is replacing dialers */
+    nng_thread *keeper;      /* changes dialers and connections (client.c) */
+    nng_cv *keeper_cv;
+    nng_pipe close_pipes[LNORM__CLOSE_QUEUE]; /* for the keeper to close */
+    int nclose;
+    lnorm__slot *held_slots; /* answered UNAVAILABLE, for the keeper to resend */
     nng_duration redial_ms;  /* a URL with no connection for this long: redial */
     nng_duration unavail_ms; /* see LNORM__UNAVAIL_MIN_MS */
     nng_duration hold_ms;    /* see LNORM__HOLD_MIN_MS */
-    nng_time redial_check_at;/* next check for stuck dialers */
     nng_time probe_at;       /* when the last probe round started */
     int nprobing;            /* probes in flight */
     /* The servers' limits (Info), read once per new connection (limits.c). */

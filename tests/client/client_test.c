@@ -2,7 +2,7 @@
  * Integration tests of liblnorm against a real lnormd (and, for failure
  * modes a real server never shows, against small in-test NNG servers).
  *
- *   client_test LNORMD_PATH concurrent|chunked|params|errors|priority
+ *   client_test LNORMD_PATH concurrent|chunked|params|errors|priority|limits
  *   client_test - timeout|protocol
  *
  * Every normalize response is checked against the float64 reference of
@@ -1232,6 +1232,82 @@ static int test_priority(void)
     return 0;
 }
 
+/*
+ * The server's limits, read by the client (lnormd with max-message-bytes
+ * 65536): a 1 MiB request with the default 1 MiB chunks is cut into
+ * chunks that fit and computed right (the server would refuse a 1 MiB
+ * message); a request whose one row is over the limit is refused by the
+ * client at once, naming the limit, and never reaches the server (which
+ * would drop a message that large unanswered).
+ */
+static int test_limits(void)
+{
+    lnorm_client *c = open_client(daemon_.tcp_url);
+    if (!c)
+        return 1;
+    lnorm_server_info info;
+    lnorm_result res;
+    CHECK(lnorm_info(c, &info, &res) == LNORM_OK && info.max_message_bytes == 65536, "info: max_message_bytes %llu",
+          (unsigned long long)info.max_message_bytes);
+    lnorm_client_close(c);
+    c = open_client(daemon_.tcp_url); /* a fresh client: the normalize call reads the limits itself */
+    lnorm_rng g;
+    lnorm_rng_seed(&g, lnorm_test_seed(29));
+    lnorm_test_case_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.op = LNORM_OP_LAYERNORM;
+    cfg.x_dtype = LNORM_DTYPE_F32;
+    cfg.rows = 256;
+    cfg.hidden = 1024;
+    cfg.gamma = 1;
+    cfg.beta = 1;
+    cfg.residual = 1;
+    cfg.stats = 1;
+    lnorm_test_case tc;
+    if (lnorm_test_case_make(&tc, &cfg, &g) != LNORM_OK) {
+        CHECK_FAIL("out of memory");
+        return 1;
+    }
+    lnorm_normalize_req q;
+    req_from_case(&q, &tc);
+    int rv = lnorm_normalize(c, &q, &res);
+    printf("1 MiB of x (+ residual) under max-message-bytes 65536: %s in %u chunks \"%s\"\n", lnorm_errname(rv),
+           res.chunks, res.message);
+    CHECK(rv == LNORM_OK && res.chunks >= 32, "1 MiB request: %s in %u chunks: %s", lnorm_errname(rv), res.chunks,
+          res.message);
+    long bad = rv == LNORM_OK ? lnorm_test_check_segment(&tc.seg, NULL, "limits") : -1;
+    CHECK(bad == 0, "1 MiB request: %ld mismatches against float64", bad);
+    lnorm_test_case_free(&tc);
+
+    /* One row of 2 MiB (and of 65 KiB): refused here, at once, nothing sent. */
+    double before = td_metric(&daemon_, "lnormd_received_bytes_total");
+    const uint64_t hs[2] = {(uint64_t)1 << 19, 16640};
+    for (int k = 0; k < 2; k++) {
+        float *x = calloc(hs[k], 4), *y = calloc(hs[k], 4);
+        lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 1, hs[k]);
+        q.x = x;
+        q.y = y;
+        int64_t t0 = td_now_ms();
+        rv = lnorm_normalize(c, &q, &res);
+        int64_t dt = td_now_ms() - t0;
+        printf("one row of %llu bytes: %s after %lld ms \"%s\"\n", (unsigned long long)hs[k] * 4, lnorm_errname(rv),
+               (long long)dt, res.message);
+        CHECK(rv == LNORM_ELIMIT && res.status == -1 && strstr(res.message, "max-message-bytes 65536") && dt < 1000,
+              "one row over the limit: %s status %d after %lld ms '%s'", lnorm_errname(rv), res.status, (long long)dt,
+              res.message);
+        waiter w;
+        waiter_init(&w);
+        rv = lnorm_normalize_async(c, &q, waiter_cb, &(wslot){&w, 0});
+        CHECK(rv == LNORM_ELIMIT, "async, one row over the limit: %s", lnorm_errname(rv));
+        free(x);
+        free(y);
+    }
+    double after = td_metric(&daemon_, "lnormd_received_bytes_total");
+    CHECK(before > 0 && before == after, "the server received over-size requests (%g bytes, then %g)", before, after);
+    lnorm_client_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -1245,7 +1321,9 @@ int main(int argc, char **argv)
         const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
         const char *prio[] = {"--backend", "cpu", "--cpu-threads", "2", "--priority-levels", "2",
                               "--max-queue-delay-us", "10000000", "--max-batch-rows", "4", NULL};
-        if (td_start(&daemon_, argv[1], NULL, strcmp(what, "priority") ? extra : prio, TD_ENDPOINTS) != 0)
+        const char *small[] = {"--backend", "cpu", "--cpu-threads", "2", "--max-message-bytes", "65536", NULL};
+        const char *const *args = !strcmp(what, "priority") ? prio : !strcmp(what, "limits") ? small : extra;
+        if (td_start(&daemon_, argv[1], NULL, args, TD_ENDPOINTS) != 0)
             return 1;
         printf("lnormd: %s %s http %s\n", daemon_.tcp_url, daemon_.ipc_url, daemon_.http);
     }
@@ -1260,6 +1338,8 @@ int main(int argc, char **argv)
         rv = test_errors();
     else if (strcmp(what, "priority") == 0)
         rv = test_priority();
+    else if (strcmp(what, "limits") == 0)
+        rv = test_limits();
     else if (strcmp(what, "timeout") == 0)
         rv = test_timeout();
     else if (strcmp(what, "protocol") == 0)
