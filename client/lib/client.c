@@ -222,32 +222,37 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
  * keeper closes its dialer (and so its connections: NNG would reconnect
  * at once) and dials it again after the hold, so that nothing new goes to
  * it until it serves again; meanwhile its connections count as closed.
- * Returns the connections left to other servers (0: nothing done).
+ * A reply read after its connection closed (a drained lnormd exits right
+ * after its last reply) holds nothing. Returns the connections left to
+ * other servers (0: nothing done).
  */
 static int hold_server(lnorm_client *c, nng_pipe p)
 {
     nng_mtx_lock(c->mtx);
     lnorm__pipe_rec *r = pipe_find(c, (uint32_t)nng_pipe_id(p));
-    int dial = r ? r->dial : -1, mine = 0;
-    for (int i = 0; i < c->npipes; i++)
-        mine += !c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r);
-    int left = c->nlive - mine;
-    if (left > 0 && r) {
+    int left = c->nlive; /* (no record: that connection is gone already, its server likely too) */
+    if (r) {
+        int dial = r->dial, mine = 0;
         for (int i = 0; i < c->npipes; i++)
-            if (!c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r))
-                c->pipes[i].closed = 1;
-        c->nlive = left;
-        if (dial >= 0 && !c->dials[dial].held) {
-            c->dials[dial].held = 1;
-            c->dials[dial].held_until = nng_clock() + (nng_time)c->hold_ms;
-            c->dials[dial].close_now = 1;
+            mine += !c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r);
+        left = c->nlive - mine;
+        if (left > 0) {
+            for (int i = 0; i < c->npipes; i++)
+                if (!c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r))
+                    c->pipes[i].closed = 1;
+            c->nlive = left;
+            if (dial >= 0 && !c->dials[dial].held) {
+                c->dials[dial].held = 1;
+                c->dials[dial].held_until = nng_clock() + (nng_time)c->hold_ms;
+                c->dials[dial].close_now = 1;
+            }
+            if (c->nclose < LNORM__CLOSE_QUEUE)
+                c->close_pipes[c->nclose++] = p; /* (at once: a dialer closes its connections later) */
+            nng_cv_wake(c->keeper_cv);
         }
-        if (c->nclose < LNORM__CLOSE_QUEUE)
-            c->close_pipes[c->nclose++] = p; /* (at once: a dialer closes its connections later) */
-        nng_cv_wake(c->keeper_cv);
     }
     nng_mtx_unlock(c->mtx);
-    return left > 0 && r ? left : 0;
+    return left > 0 ? left : 0;
 }
 
 /*
