@@ -98,6 +98,7 @@ static int admin_take(lnorm__call *call, uint64_t i, const lnorm__resp_view *res
             o->shm = in->limits->shm ? 1 : 0;
         }
         lnorm__v1__info_response__free_unpacked(in, NULL);
+        lnorm__limits_note(call->c, o);
         return LNORM_OK;
     }
     default:
@@ -211,7 +212,8 @@ int lnorm_health(lnorm_client *c, int *serving, lnorm_result *res)
     return lnorm__call_sync(call, res);
 }
 
-int lnorm_info(lnorm_client *c, lnorm_server_info *info, lnorm_result *res)
+int lnorm__info_call(lnorm_client *c, lnorm_server_info *info, int timeout_ms, lnorm_callback cb, void *arg,
+                     lnorm_result *res)
 {
     if (!c || !info)
         return fail(res, LNORM_EINVAL, "client or info is NULL");
@@ -225,5 +227,16 @@ int lnorm_info(lnorm_client *c, lnorm_server_info *info, lnorm_result *res)
     st->out_info = info;
     st->req.body_case = LNORM__V1__REQUEST__BODY_INFO;
     st->req.info = &st->info;
-    return lnorm__call_sync(call, res);
+    if (timeout_ms != 0)
+        call->recv_timeout = timeout_ms < 0 ? NNG_DURATION_INFINITE : timeout_ms;
+    if (!cb)
+        return lnorm__call_sync(call, res);
+    call->cb = cb;
+    call->cb_arg = arg;
+    return lnorm__call_start(call, res);
+}
+
+int lnorm_info(lnorm_client *c, lnorm_server_info *info, lnorm_result *res)
+{
+    return lnorm__info_call(c, info, 0, NULL, NULL, res);
 }

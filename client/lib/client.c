@@ -146,59 +146,195 @@ static int dial_one(lnorm_client *c, size_t i)
         if (o->tls_insecure && (rv = nng_dialer_set_int(d, NNG_OPT_TLS_AUTH_MODE, 0)) != 0)
             goto fail;
     }
+    /* Known before it can make a connection (pipe_cb maps pipes to URLs). */
+    nng_mtx_lock(c->mtx);
+    c->dials[i].d = d;
+    c->dials[i].idle_since = nng_clock();
+    nng_mtx_unlock(c->mtx);
     /* Non-blocking: a server that is down is dialed again in the background. */
     if ((rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK)) != 0)
         goto fail;
-    c->dials[i].d = d;
     return LNORM_OK;
 fail:
     nng_dialer_close(d);
     return lnorm__from_nng(rv);
 }
 
-/* Count the client's connections: a pipe is counted from ADD_PRE (which
- * always comes before REM_POST) to REM_POST. */
+/* The record of connection id, or NULL. Called with c->mtx held. */
+static lnorm__pipe_rec *pipe_find(lnorm_client *c, uint32_t id)
+{
+    for (int i = 0; i < c->npipes; i++)
+        if (c->pipes[i].id == id)
+            return &c->pipes[i];
+    return NULL;
+}
+
+/* Track the client's connections, each from ADD_PRE (which always comes
+ * before REM_POST) to REM_POST, with the URL whose dialer made it. */
 static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     lnorm_client *c = arg;
-    (void)p;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    int did = ev == NNG_PIPE_EV_ADD_PRE ? nng_dialer_id(nng_pipe_dialer(p)) : -1;
     nng_mtx_lock(c->mtx);
     if (ev == NNG_PIPE_EV_ADD_PRE) {
-        c->npipes++;
-    } else if (ev == NNG_PIPE_EV_REM_POST && --c->npipes == 0) {
-        c->idle_since = nng_clock();
+        if ((size_t)c->npipes == c->cap_pipes) {
+            size_t cap = c->cap_pipes ? 2 * c->cap_pipes : 8;
+            lnorm__pipe_rec *np = realloc(c->pipes, cap * sizeof *np);
+            if (!np) {
+                nng_mtx_unlock(c->mtx);
+                nng_pipe_close(p); /* untracked connections are not kept */
+                return;
+            }
+            c->pipes = np;
+            c->cap_pipes = cap;
+        }
+        lnorm__pipe_rec *r = &c->pipes[c->npipes++];
+        r->id = id;
+        r->dial = -1;
+        r->closed = 0;
+        for (size_t i = 0; i < c->ndials; i++)
+            if (did > 0 && nng_dialer_id(c->dials[i].d) == did) {
+                r->dial = (int)i;
+                c->dials[i].npipes++;
+                c->dials[i].refused = 0;
+            }
+        c->nlive++;
+        c->pipes_gen++;
+        c->ever_connected = 1;
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        lnorm__pipe_rec *r = pipe_find(c, id);
+        if (r) {
+            if (r->dial >= 0 && --c->dials[r->dial].npipes == 0)
+                c->dials[r->dial].idle_since = nng_clock();
+            if (!r->closed && --c->nlive == 0)
+                c->idle_since = nng_clock();
+            *r = c->pipes[--c->npipes];
+        }
+        nng_cv_wake(c->keeper_cv); /* (a URL may have no connection now) */
     }
     nng_mtx_unlock(c->mtx);
 }
 
 /*
- * A request is waiting for a connection: if the client has had none for
- * redial_ms, replace every dialer with a new one. libnng 1.5.2's dialer
- * stops for good when a connect fails with NNG_ECLOSED, which is what
- * writing the SP header gives when the server was killed between accepting
- * and reading it (the kernel releases a killed process's connections
- * before its listening socket, so an immediate redial can land there):
- * the socket would then never connect again. A replaced dialer that was
- * only waiting for the server costs one early connect attempt. Called from
- * a call's callback (the client cannot be freed meanwhile).
+ * The server on connection p answered UNAVAILABLE (draining). When the
+ * client has a connection to another server, hold this server's URL: the
+ * keeper closes its dialer (and so its connections: NNG would reconnect
+ * at once) and dials it again after the hold, so that nothing new goes to
+ * it until it serves again; meanwhile its connections count as closed.
+ * A reply read after its connection closed (a drained lnormd exits right
+ * after its last reply) holds nothing. Returns the connections left to
+ * other servers (0: nothing done).
  */
-static void lnorm__redial_if_stuck(lnorm_client *c)
+static int hold_server(lnorm_client *c, nng_pipe p)
 {
     nng_mtx_lock(c->mtx);
-    int go = !c->closing && !c->redialing && c->npipes == 0 &&
-             nng_clock() - c->idle_since >= (nng_time)c->redial_ms;
-    if (go)
-        c->redialing = 1;
-    nng_mtx_unlock(c->mtx);
-    if (!go)
-        return;
-    for (size_t i = 0; i < c->ndials; i++) {
-        nng_dialer_close(c->dials[i].d); /* (non-blocking: NNG reaps it later) */
-        dial_one(c, i);                  /* (fails only when closing or out of memory) */
+    lnorm__pipe_rec *r = pipe_find(c, (uint32_t)nng_pipe_id(p));
+    int left = c->nlive; /* (no record: that connection is gone already, its server likely too) */
+    if (r) {
+        int dial = r->dial, mine = 0;
+        for (int i = 0; i < c->npipes; i++)
+            mine += !c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r);
+        left = c->nlive - mine;
+        if (left > 0) {
+            for (int i = 0; i < c->npipes; i++)
+                if (!c->pipes[i].closed && (dial >= 0 ? c->pipes[i].dial == dial : &c->pipes[i] == r))
+                    c->pipes[i].closed = 1;
+            c->nlive = left;
+            if (dial >= 0 && !c->dials[dial].held) {
+                c->dials[dial].held = 1;
+                c->dials[dial].held_until = nng_clock() + (nng_time)c->hold_ms;
+                c->dials[dial].close_now = 1;
+            }
+            if (c->nclose < LNORM__CLOSE_QUEUE)
+                c->close_pipes[c->nclose++] = p; /* (at once: a dialer closes its connections later) */
+            nng_cv_wake(c->keeper_cv);
+        }
     }
+    nng_mtx_unlock(c->mtx);
+    return left > 0 ? left : 0;
+}
+
+/*
+ * The keeper: a thread of the client that makes every change to its
+ * dialers and connections, never from NNG's own threads (libnng 1.5.2 can
+ * leave nng_close waiting for good when a connection of the socket was
+ * closed from inside one of its aio callbacks). It
+ *  - closes the dialer of a URL put on hold (hold_server) and dials it
+ *    again once the hold is over;
+ *  - replaces the dialer of a URL that has had no connection for
+ *    redial_ms: libnng 1.5.2's dialer stops for good when a connect fails
+ *    with NNG_ECLOSED, which is what writing the SP header gives when the
+ *    server was killed between accepting and reading it (the kernel
+ *    releases a killed process's connections before its listening
+ *    socket, so an immediate redial can land there), and that URL would
+ *    never connect again. A replaced dialer that was only waiting for its
+ *    server costs one early connect attempt.
+ * It looks every 100 ms while a URL has no connection or is held, else
+ * sleeps until a connection closes or a server is held.
+ */
+static void held_resume(lnorm__slot *s);
+
+static void keeper(void *arg)
+{
+    lnorm_client *c = arg;
     nng_mtx_lock(c->mtx);
-    c->redialing = 0;
-    c->idle_since = nng_clock();
+    for (;;) {
+        nng_time now = nng_clock();
+        size_t todo[64];
+        nng_dialer old[64];
+        int redial[64];
+        size_t n = 0;
+        int idle = 0;
+        for (size_t i = 0; i < c->ndials && n < 64; i++) {
+            lnorm__dial *d = &c->dials[i];
+            int close_now = d->close_now;
+            int again = d->held ? now >= d->held_until
+                                : d->npipes == 0 && now - d->idle_since >= (nng_time)c->redial_ms;
+            idle |= d->held || d->npipes == 0;
+            if (!close_now && !again)
+                continue;
+            nng_dialer none = NNG_DIALER_INITIALIZER;
+            old[n] = close_now || !d->held ? d->d : none;
+            redial[n] = again;
+            d->close_now = 0;
+            if (again)
+                d->held = 0;
+            todo[n++] = i;
+        }
+        nng_pipe pipes[LNORM__CLOSE_QUEUE];
+        int np = c->nclose;
+        memcpy(pipes, c->close_pipes, (size_t)np * sizeof pipes[0]);
+        c->nclose = 0;
+        nng_mtx_unlock(c->mtx);
+        for (int k = 0; k < np; k++)
+            nng_pipe_close(pipes[k]);
+        for (size_t k = 0; k < n; k++) {
+            if (nng_dialer_id(old[k]) > 0)
+                nng_dialer_close(old[k]);
+            if (redial[k])
+                dial_one(c, todo[k]); /* (fails only when closing or out of memory) */
+        }
+        /* Requests answered UNAVAILABLE, now that their server's
+         * connections are closed: sent again to another server. */
+        nng_mtx_lock(c->mtx);
+        lnorm__slot *held = c->held_slots;
+        c->held_slots = NULL;
+        nng_mtx_unlock(c->mtx);
+        for (lnorm__slot *h = held, *next; h; h = next) {
+            next = h->next_held;
+            held_resume(h);
+        }
+        nng_mtx_lock(c->mtx);
+        if (c->closing && !c->held_slots)
+            break;
+        if (c->closing || n || np || held)
+            continue;
+        if (idle)
+            nng_cv_until(c->keeper_cv, nng_clock() + 100);
+        else
+            nng_cv_wait(c->keeper_cv);
+    }
     nng_mtx_unlock(c->mtx);
 }
 
@@ -234,6 +370,7 @@ static char *dup_opt(const char *s, int *oom)
 /* Free what lnorm_client_open allocated (the socket is closed already). */
 static void client_free(lnorm_client *c)
 {
+    free(c->pipes);
     for (size_t i = 0; i < c->ndials; i++)
         free(c->dials[i].url);
     free(c->dials);
@@ -242,6 +379,8 @@ static void client_free(lnorm_client *c)
     free((char *)c->opts.tls_server_name);
     if (c->cv)
         nng_cv_free(c->cv);
+    if (c->keeper_cv)
+        nng_cv_free(c->keeper_cv);
     if (c->mtx)
         nng_mtx_free(c->mtx);
     free(c);
@@ -317,9 +456,12 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
     c->redial_ms = every >= INT32_MAX / 2 ? INT32_MAX
                    : every > LNORM__REDIAL_MIN_MS / 2 ? 2 * every
                                                       : LNORM__REDIAL_MIN_MS;
+    c->unavail_ms = c->redial_ms > LNORM__UNAVAIL_MIN_MS ? c->redial_ms : LNORM__UNAVAIL_MIN_MS;
+    c->hold_ms = every > LNORM__HOLD_MIN_MS ? every : LNORM__HOLD_MIN_MS;
     c->idle_since = nng_clock();
     int rv = client_copy_strings(c, urls, nurls);
-    if (rv == LNORM_OK && ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0))
+    if (rv == LNORM_OK && ((rv = nng_mtx_alloc(&c->mtx)) != 0 || (rv = nng_cv_alloc(&c->cv, c->mtx)) != 0 ||
+                           (rv = nng_cv_alloc(&c->keeper_cv, c->mtx)) != 0))
         rv = lnorm__from_nng(rv);
     if (rv == LNORM_OK)
         rv = client_socket(c);
@@ -327,12 +469,33 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
         client_free(c);
         return rv;
     }
+    if ((rv = lnorm__probe_init(c)) != LNORM_OK) {
+        nng_close(c->sock);
+        lnorm__probe_fini(c);
+        client_free(c);
+        return rv;
+    }
     for (size_t i = 0; i < nurls; i++) {
         if ((rv = dial_one(c, i)) != LNORM_OK) {
             nng_close(c->sock);
+            lnorm__probe_fini(c);
             client_free(c);
             return rv;
         }
+    }
+    /* A synchronous dial of every URL at once, bounded: a URL where nobody
+     * listens is known now, so that a call fails at once instead of after
+     * its send timeout (lnorm__no_server); the dialers keep trying. */
+    nng_mtx_lock(c->mtx);
+    lnorm__probe_start_locked(c);
+    while (c->nprobing > 0)
+        nng_cv_wait(c->cv);
+    nng_mtx_unlock(c->mtx);
+    if ((rv = nng_thread_create(&c->keeper, keeper, c)) != 0) {
+        nng_close(c->sock);
+        lnorm__probe_fini(c);
+        client_free(c);
+        return lnorm__from_nng(rv);
     }
     *out = c;
     return LNORM_OK;
@@ -344,7 +507,10 @@ void lnorm_client_close(lnorm_client *c)
         return;
     nng_mtx_lock(c->mtx);
     c->closing = 1;
+    nng_cv_wake(c->keeper_cv);
     nng_mtx_unlock(c->mtx);
+    if (c->keeper)
+        nng_thread_destroy(c->keeper); /* (joins it) */
     /* Closing the socket aborts every exchange; the calls then complete
      * (with LNORM_ECLOSED) through their callbacks. */
     nng_close(c->sock);
@@ -352,6 +518,7 @@ void lnorm_client_close(lnorm_client *c)
     while (c->ncalls > 0)
         nng_cv_wait(c->cv);
     nng_mtx_unlock(c->mtx);
+    lnorm__probe_fini(c);
     for (size_t i = 0; i < c->nslots; i++) {
         nng_aio_free(c->all_slots[i]->aio);
         free(c->all_slots[i]);
@@ -501,6 +668,10 @@ static void advance_unlock(lnorm__call *call)
 static nng_duration send_wait(const lnorm__slot *s)
 {
     nng_duration to = s->c->redial_ms;
+    nng_mtx_lock(s->c->mtx);
+    if (s->c->nlive == 0)
+        to = 100; /* no connection: look again soon (lnorm__no_server) */
+    nng_mtx_unlock(s->c->mtx);
     if (s->has_send_by) {
         nng_time now = nng_clock();
         nng_time left = s->send_by > now ? s->send_by - now : 0;
@@ -535,6 +706,14 @@ static void start_chunk(lnorm__call *call, uint64_t i)
     if (rv != LNORM_OK) {
         nng_mtx_lock(c->mtx);
         chunk_account(call, i, rv, -1, "could not build the request");
+        advance_unlock(call);
+        return;
+    }
+    char why[200];
+    if (lnorm__no_server(c, why, sizeof why)) {
+        nng_msg_free(m);
+        nng_mtx_lock(c->mtx);
+        chunk_account(call, i, LNORM_EUNAVAIL, -1, why);
         advance_unlock(call);
         return;
     }
@@ -700,7 +879,6 @@ static int send_again(lnorm__slot *s)
     nng_msg *m = nng_aio_get_msg(s->aio);
     if (stop || !m || (s->has_send_by && nng_clock() >= s->send_by))
         return 0;
-    lnorm__redial_if_stuck(c);
     nng_aio_set_timeout(s->aio, send_wait(s));
     nng_ctx_send(s->ctx, s->aio);
     return 1;
@@ -744,6 +922,59 @@ static void slot_done(lnorm__slot *s, int rv, int err, int status, char *why, si
     advance_unlock(call);
 }
 
+/*
+ * A reply UNAVAILABLE (a draining lnormd: the request was not started):
+ * close the connection it came on, so that nothing new goes to that
+ * server (a draining lnormd accepts no new connection; the dialer
+ * connects again once one serves there), and send the request again on
+ * another connection when there is one, within the resend bound and the
+ * reply timeout. Returns 1 when resent (m is then consumed).
+ */
+static int unavailable_resend(lnorm__slot *s, nng_msg *m)
+{
+    lnorm__resp_view v;
+    if (lnorm__resp_parse(nng_msg_body(m), nng_msg_len(m), &v) != LNORM_OK ||
+        v.code != LNORM__V1__CODE__UNAVAILABLE || (v.request_id != s->id && v.request_id != 0))
+        return 0;
+    if (hold_server(s->c, nng_msg_get_pipe(m)) == 0)
+        return 0; /* no other server: the caller gets the reply's status */
+    lnorm_client *c = s->c;
+    nng_mtx_lock(c->mtx);
+    int closing = c->closing; /* (the keeper may be gone) */
+    if (!closing) {
+        s->held_reply = m; /* the keeper resends it once that server's connections are closed */
+        s->next_held = c->held_slots;
+        c->held_slots = s;
+        nng_cv_wake(c->keeper_cv);
+    }
+    nng_mtx_unlock(c->mtx);
+    return !closing;
+}
+
+/* The reply m of the slot's chunk: handled, and the slot given back. */
+static void slot_reply(lnorm__slot *s, nng_msg *m)
+{
+    int err = LNORM_OK, status = -1;
+    char why[200];
+    why[0] = 0;
+    handle_reply(s->call, s->chunk, s->id, m, &err, &status, why, sizeof why);
+    lnorm__msg_put(s->c, m);
+    slot_done(s, 0, err, status, why, sizeof why);
+}
+
+/* On the keeper: a request answered UNAVAILABLE, sent again (to another
+ * server: that one's connections are closed), or ended with the reply. */
+static void held_resume(lnorm__slot *s)
+{
+    nng_msg *m = s->held_reply;
+    s->held_reply = NULL;
+    if (try_resend(s, NNG_ECONNSHUT)) {
+        lnorm__msg_put(s->c, m);
+        return;
+    }
+    slot_reply(s, m);
+}
+
 static void slot_cb(void *arg)
 {
     lnorm__slot *s = arg;
@@ -756,6 +987,12 @@ static void slot_cb(void *arg)
         return;
     }
     if (rv != 0) {
+        if (s->sending && rv == NNG_ETIMEDOUT && lnorm__no_server(s->c, why, sizeof why)) {
+            nng_msg_free(nng_aio_get_msg(s->aio));
+            nng_aio_set_msg(s->aio, NULL);
+            slot_done(s, 0, LNORM_EUNAVAIL, -1, why, sizeof why);
+            return;
+        }
         if (s->sending && rv == NNG_ETIMEDOUT && send_again(s))
             return;
         if (s->sending) {
@@ -773,8 +1010,9 @@ static void slot_cb(void *arg)
     } else {
         nng_msg *m = nng_aio_get_msg(s->aio);
         nng_aio_set_msg(s->aio, NULL);
-        handle_reply(s->call, s->chunk, s->id, m, &err, &status, why, sizeof why);
-        lnorm__msg_put(s->c, m);
+        if (!unavailable_resend(s, m))
+            slot_reply(s, m);
+        return;
     }
     slot_done(s, rv, err, status, why, sizeof why);
 }

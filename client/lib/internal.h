@@ -95,20 +95,62 @@ struct lnorm__slot {
     int sent;                /* the chunk's first send has completed */
     int has_deadline;        /* 0: the reply timeout is infinite */
     nng_time deadline;       /* first send + reply timeout */
+    lnorm__slot *next_held;  /* in the client's held_slots */
+    nng_msg *held_reply;     /* the UNAVAILABLE reply it holds */
 };
 
-/* One URL of a client and the NNG dialer that keeps it connected. */
+/* One URL of a client, the NNG dialer that keeps it connected, and
+ * whether anybody listens there (reach.c). Fields under the client's mtx. */
 typedef struct lnorm__dial {
     char *url;
     nng_dialer d;
+    int npipes;              /* its connections up */
+    nng_time idle_since;     /* when npipes last fell to 0, or the dialer was replaced */
+    int refused;             /* the latest probe found nobody listening */
+    int probing;             /* a probe is in flight */
+    int held;                /* answered UNAVAILABLE: no dialer until held_until */
+    nng_time held_until;
+    int close_now;           /* the keeper is to close its dialer */
+    nng_stream_dialer *probe; /* NULL: the scheme is not probed */
+    nng_aio *probe_aio;
+    nng_stream *probe_conn;  /* the probe's connection, during its handshake */
+    int probe_step;          /* 1 connect, 2 send the SP header, 3 receive the server's */
+    size_t probe_done;       /* bytes of the step done */
+    uint8_t probe_hdr[8];
+    struct lnorm_client *owner;
 } lnorm__dial;
 
-/* A send that finds no connection for this long (at least) has the
- * client's dialers replaced (see lnorm__redial_if_stuck). */
+/* A connection of the client: from its ADD_PRE to its REM_POST event. */
+typedef struct lnorm__pipe_rec {
+    uint32_t id;
+    int dial;                /* index into dials, -1: not known */
+    int closed;              /* closed by the client (its server answered UNAVAILABLE) */
+} lnorm__pipe_rec;
+
+/* A URL with no connection for this long (at least) has its dialer
+ * replaced (see keeper in client.c). */
 #define LNORM__REDIAL_MIN_MS 1000
 
 /* Idle regions a client keeps for auto_shm_bytes calls. */
 #define LNORM__AUTO_KEEP 4
+
+/* A client that had a connection and lost every one waits at least this
+ * long for a server to listen again (a restart) before a request fails
+ * with LNORM_EUNAVAIL (see lnorm__no_server). */
+#define LNORM__UNAVAIL_MIN_MS 2000
+
+/* A URL whose server answered UNAVAILABLE (draining) while others serve
+ * is dialed again after max(reconnect_min_ms, reconnect_max_ms), at
+ * least this long. */
+#define LNORM__HOLD_MIN_MS 500
+
+/* Connections (of no known URL) waiting for the keeper to close them. */
+#define LNORM__CLOSE_QUEUE 16
+
+/* How long a probe waits for its connect; how often probes are repeated
+ * while requests wait without a connection. */
+#define LNORM__PROBE_TIMEOUT_MS 1000
+#define LNORM__PROBE_EVERY_MS 200
 
 struct lnorm_client {
     nng_socket sock;
@@ -116,9 +158,28 @@ struct lnorm_client {
     lnorm__dial *dials;
     size_t ndials;
     int npipes;              /* connections up (NNG pipe events) */
-    nng_time idle_since;     /* when npipes last fell to 0, or the last redial */
-    int redialing;           /* a thread is replacing the dialers */
-    nng_duration redial_ms;  /* no connection for this long: redial */
+    int nlive;               /* of those, not closed by the client */
+    lnorm__pipe_rec *pipes;  /* the connections up */
+    size_t cap_pipes;
+    uint64_t pipes_gen;      /* connections ever added */
+    int ever_connected;
+    nng_time idle_since;     /* when nlive last fell to 0 */
+    nng_thread *keeper;      /* changes dialers and connections (client.c) */
+    nng_cv *keeper_cv;
+    nng_pipe close_pipes[LNORM__CLOSE_QUEUE]; /* for the keeper to close */
+    int nclose;
+    lnorm__slot *held_slots; /* answered UNAVAILABLE, for the keeper to resend */
+    nng_duration redial_ms;  /* a URL with no connection for this long: redial */
+    nng_duration unavail_ms; /* see LNORM__UNAVAIL_MIN_MS */
+    nng_duration hold_ms;    /* see LNORM__HOLD_MIN_MS */
+    nng_time probe_at;       /* when the last probe round started */
+    int nprobing;            /* probes in flight */
+    /* The servers' limits (Info), read once per new connection (limits.c). */
+    int lim_tried;           /* an Info call was made */
+    int lim_fetching;
+    uint64_t lim_gen;        /* pipes_gen when the last read started */
+    nng_time lim_at;
+    uint64_t max_message_bytes; /* the smallest reported; 0: none */
     nng_mtx *mtx;
     nng_cv *cv;
     int closing;
@@ -189,6 +250,55 @@ int lnorm__valid_params_id(const char *id);
 
 /* Unmap and free every region of c (at close, the socket already closed). */
 void lnorm__shm_forget_all(lnorm_client *c);
+
+/* ---- reach.c: whether anybody listens at the client's URLs --------------- */
+
+/* Set up the probes of c's URLs (at open). LNORM_OK or LNORM_ENOMEM. */
+int lnorm__probe_init(lnorm_client *c);
+
+/* Start a probe of every URL not being probed. Called with c->mtx held. */
+void lnorm__probe_start_locked(lnorm_client *c);
+
+/* Stop and free the probes (at close, the socket closed). */
+void lnorm__probe_fini(lnorm_client *c);
+
+/* Whether a request must fail for want of a server (then *why says so,
+ * naming the URLs): no connection, the latest probe found nobody
+ * listening at any URL, and the client either never had a connection or
+ * has had none for unavail_ms. With no connection, starts a probe round
+ * when the last is older than LNORM__PROBE_EVERY_MS. */
+int lnorm__no_server(lnorm_client *c, char *why, size_t n);
+
+/* ---- limits.c: the servers' limits ------------------------------------------ */
+
+/* The largest request message a server of c accepts (0: not known). */
+uint64_t lnorm__max_message(lnorm_client *c);
+
+/* Read the limits now (synchronously, within timeout_ms: 0 the client's)
+ * when they were never read, or a new connection came up since they last
+ * were (at most once a second). LNORM_OK, or the error of an Info call
+ * that reached no server (then *res says why; res may be NULL); a server
+ * that answers Info with an error leaves the limits as they were. */
+int lnorm__limits_refresh(lnorm_client *c, int timeout_ms, lnorm_result *res);
+
+/* The same, asynchronously: the call that asks does not wait. */
+void lnorm__limits_kick(lnorm_client *c);
+
+/* Cap *rows (rows per chunk of a normalize call) so that a chunk's request
+ * stays within the servers' max-message-bytes and its reply within
+ * max_recv_bytes: req_row / reply_row bytes per row, fixed bytes per
+ * request besides. LNORM_ELIMIT when one row does not fit: *why then
+ * names the limit (thread-local text, valid until the next call). */
+int lnorm__fit_rows(lnorm_client *c, size_t req_row, size_t fixed, size_t reply_row, uint64_t *rows,
+                    const char **why);
+
+/* lnorm_info with a reply timeout (0: the client's); cb NULL: synchronous,
+ * *res filled (may be NULL). With cb, info must live until cb runs. */
+int lnorm__info_call(lnorm_client *c, lnorm_server_info *info, int timeout_ms, lnorm_callback cb, void *arg,
+                     lnorm_result *res);
+
+/* Fold an Info reply's limits into c's. */
+void lnorm__limits_note(lnorm_client *c, const lnorm_server_info *info);
 
 /* Map an NNG error to an lnorm error code. */
 int lnorm__from_nng(int rv);

@@ -331,6 +331,14 @@ static int norm_prepare(lnorm_client *c, const lnorm_normalize_req *req, lnorm__
     size_t row_bytes = (size_t)req->hidden * st->xs;
     uint64_t rpc = chunk / row_bytes;
     st->rows_per_chunk = rpc < 1 ? 1 : rpc > req->rows ? req->rows : rpc;
+    /* within the servers' max-message-bytes and max_recv_bytes (limits.c) */
+    size_t fixed = 512 + (st->params_id[0] ? 0 : (req->gamma != NULL) + (req->beta != NULL)) * req->hidden * st->ps;
+    size_t reply_row = (size_t)req->hidden * st->ys + (req->residual ? row_bytes : 0) + (st->stats ? 8 : 0);
+    if ((rv = lnorm__fit_rows(c, row_bytes * (req->residual ? 2 : 1), fixed, reply_row, &st->rows_per_chunk, why)) !=
+        LNORM_OK) {
+        free(st);
+        return rv;
+    }
 
     lnorm__call *call;
     if ((rv = lnorm__call_new(c, &norm_ops, &call)) != LNORM_OK) {
@@ -384,7 +392,12 @@ int lnorm_normalize(lnorm_client *c, const lnorm_normalize_req *req, lnorm_resul
         if (arv != LNORM__AUTO_NO)
             return arv;
     }
-    int rv = norm_prepare(c, req, &call, &why);
+    /* the servers' limits first, once per new connection (limits.c) */
+    int rv = c && lnorm_normalize_req_check(req, NULL) == LNORM_OK ? lnorm__limits_refresh(c, req->timeout_ms, res)
+                                                                  : LNORM_OK;
+    if (rv != LNORM_OK)
+        return rv;
+    rv = norm_prepare(c, req, &call, &why);
     if (rv != LNORM_OK) {
         fail_result(res, rv, why);
         return rv;
@@ -402,6 +415,7 @@ int lnorm_normalize_async(lnorm_client *c, const lnorm_normalize_req *req, lnorm
     int rv = norm_prepare(c, req, &call, &why);
     if (rv != LNORM_OK)
         return rv;
+    lnorm__limits_kick(c); /* (for later calls: this one does not wait) */
     call->cb = cb;
     call->cb_arg = arg;
     return lnorm__call_start(call, NULL);

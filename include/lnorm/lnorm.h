@@ -3,7 +3,8 @@
  *
  * A client is one NNG REQ socket dialed to one or several lnormd URLs
  * (tcp://, ipc://, tls+tcp://); NNG reconnects by itself and spreads
- * requests over the connected servers. Every call is one or several
+ * requests over the connected servers, and liblnorm resends a request
+ * whose server died or drained to another (docs/client.md). Every call is one or several
  * lnorm.v1.Request -> lnorm.v1.Response exchanges, each on its own NNG
  * context, so one client may be used from many threads at once and may
  * have many asynchronous requests in flight.
@@ -77,12 +78,20 @@ typedef struct lnorm_client_opts {
      * or to another of the client's URLs), up to 4 times per request and
      * only while the request's reply timeout, counted from its first
      * send, has not expired (each wait for a connection is also bounded by
-     * send_timeout_ms). The library does every resend itself (NNG's REQ
-     * resend is off), and a request that finds no connection for
-     * 2 x max(reconnect_min_ms, reconnect_max_ms), at least 1 s, has the
-     * client's dialers replaced (libnng 1.5.2's dialer can stop for good
-     * after a server is killed). Normalize, health and info are idempotent;
-     * for register_params and drop_params see there. */
+     * send_timeout_ms). A request answered UNAVAILABLE (a draining
+     * lnormd: not started) is sent to another server when the client has
+     * a connection to one, and that server's URL gets nothing new for
+     * max(reconnect_min_ms, reconnect_max_ms), at least 0.5 s; alone, the
+     * call ends with it. The library does every resend itself (NNG's REQ
+     * resend is off). A URL with no connection for 2 x max(reconnect_min_ms,
+     * reconnect_max_ms), at least 1 s, has its dialer replaced (libnng
+     * 1.5.2's dialer can stop for good after a server is killed). With
+     * nobody listening at any URL a call fails with LNORM_EUNAVAIL ("no
+     * lnormd is listening at URL"): at once when the client never had a
+     * connection, else once nobody has listened for max(2 x max(
+     * reconnect_min_ms, reconnect_max_ms), 2 s) (docs/client.md, Several
+     * servers). Normalize, health and info are idempotent; for
+     * register_params and drop_params see there. */
     size_t chunk_bytes;      /* bytes of x per chunk (0: LNORM_DEFAULT_CHUNK_BYTES) */
     int pipeline_depth;      /* chunks of one call in flight at once (0: default) */
     size_t max_recv_bytes;   /* largest reply accepted (0: 1 GiB) */
@@ -106,8 +115,10 @@ typedef struct lnorm_client_opts {
 /* Fill opts with the defaults. */
 void lnorm_client_opts_init(lnorm_client_opts *opts);
 
-/* Open a client dialed to nurls URLs (at least one). Dials do not wait for
- * the servers: a server that is down is dialed again in the background, and
+/* Open a client dialed to nurls URLs (at least one). It probes whether
+ * anybody listens at each tcp:// and ipc:// URL (at most 1 s, all at once;
+ * calls then fail at once while nobody does) but does not wait for the
+ * servers: a server that is down is dialed again in the background, and
  * requests wait for a connection up to send_timeout_ms. opts may be NULL
  * (defaults). Returns LNORM_OK and sets *out, LNORM_EINVAL for a malformed
  * URL or option, LNORM_ENOTSUP for an unsupported scheme, or another error
@@ -193,9 +204,12 @@ void lnorm_normalize_req_init(lnorm_normalize_req *req, lnorm_op op, lnorm_dtype
  * or LNORM_EINVAL; then, if why is not NULL, *why is a static message. */
 int lnorm_normalize_req_check(const lnorm_normalize_req *req, const char **why);
 
-/* Normalize synchronously: validate, send (in chunks if large), wait, and
- * write y (and mean, rstd, residual_out) into the caller's buffers. On
- * failure the output buffers may be partly written. res may be NULL. */
+/* Normalize synchronously: validate, read the servers' limits when a new
+ * connection came up since they were last read (lnorm_info), send in
+ * chunks that fit them (LNORM_ELIMIT, naming the limit, when one row
+ * cannot), wait, and write y (and mean, rstd, residual_out) into the
+ * caller's buffers. On failure the output buffers may be partly written.
+ * res may be NULL. */
 int lnorm_normalize(lnorm_client *c, const lnorm_normalize_req *req, lnorm_result *res);
 
 /* Completion of an asynchronous call: err is the call's error code, res its

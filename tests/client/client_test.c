@@ -2,7 +2,7 @@
  * Integration tests of liblnorm against a real lnormd (and, for failure
  * modes a real server never shows, against small in-test NNG servers).
  *
- *   client_test LNORMD_PATH concurrent|chunked|params|errors|priority
+ *   client_test LNORMD_PATH concurrent|chunked|params|errors|priority|limits
  *   client_test - timeout|protocol
  *
  * Every normalize response is checked against the float64 reference of
@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -629,8 +632,52 @@ typedef struct fake_server {
     atomic_int seen;
     _Atomic uint64_t last_deadline; /* deadline_us of the last request */
     atomic_int bloat;  /* mode 5: 100 unknown fields / backends (else none / one) */
+    _Atomic uint64_t max_message; /* modes 1-4: Info answered with this limit (not counted in seen) */
+    atomic_int infos;  /* Info requests answered so */
+    atomic_int unavailable; /* modes 1-4: answer this many requests UNAVAILABLE first */
     char url[320];
 } fake_server;
+
+/* Modes 1-4: an Info request is answered with max_message (liblnorm asks
+ * once per new connection) and not counted; UNAVAILABLE first when asked
+ * to. Returns 1 when m was answered (and freed). */
+static int fake_info(fake_server *f, nng_msg *m)
+{
+    Lnorm__V1__Request *req = lnorm__v1__request__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    if (!req)
+        return 0;
+    Lnorm__V1__Response resp = LNORM__V1__RESPONSE__INIT;
+    Lnorm__V1__Status st = LNORM__V1__STATUS__INIT;
+    Lnorm__V1__InfoResponse ir = LNORM__V1__INFO_RESPONSE__INIT;
+    Lnorm__V1__Limits lim = LNORM__V1__LIMITS__INIT;
+    resp.request_id = req->request_id;
+    resp.status = &st;
+    int answered = 1;
+    if (req->body_case == LNORM__V1__REQUEST__BODY_INFO) {
+        lim.max_message_bytes = atomic_load(&f->max_message);
+        ir.limits = &lim;
+        ir.version = "fake";
+        resp.body_case = LNORM__V1__RESPONSE__BODY_INFO;
+        resp.info = &ir;
+        atomic_fetch_add(&f->infos, 1);
+    } else if (atomic_load(&f->unavailable) > 0) {
+        atomic_fetch_sub(&f->unavailable, 1);
+        st.code = LNORM__V1__CODE__UNAVAILABLE;
+        st.message = "fake is draining";
+    } else {
+        answered = 0;
+    }
+    if (answered) {
+        size_t n = lnorm__v1__response__get_packed_size(&resp);
+        uint8_t *buf = malloc(n ? n : 1);
+        lnorm__v1__response__pack(&resp, buf);
+        nng_send(f->sock, buf, n, 0);
+        free(buf);
+        nng_msg_free(m);
+    }
+    lnorm__v1__request__free_unpacked(req, NULL);
+    return answered;
+}
 
 static void *fake_loop(void *arg)
 {
@@ -642,8 +689,10 @@ static void *fake_loop(void *arg)
             return NULL;
         if (rv != 0)
             continue;
-        int k = atomic_fetch_add(&f->seen, 1) + 1;
         int mode = atomic_load(&f->mode);
+        if (mode >= 1 && mode <= 4 && fake_info(f, m))
+            continue;
+        int k = atomic_fetch_add(&f->seen, 1) + 1;
         if (mode == 0) {
             nng_msg_free(m);
             continue;
@@ -718,11 +767,11 @@ static void *fake_loop(void *arg)
     }
 }
 
-static int fake_start(fake_server *f, const char *dir, int mode)
+static int fake_start_at(fake_server *f, const char *dir, const char *name, int mode)
 {
     memset(f, 0, sizeof *f);
     atomic_store(&f->mode, mode);
-    snprintf(f->url, sizeof f->url, "ipc://%s/fake.sock", dir);
+    snprintf(f->url, sizeof f->url, "ipc://%s/%s", dir, name);
     if (nng_rep0_open(&f->sock) != 0 || nng_listen(f->sock, f->url, NULL, 0) != 0)
         return -1;
     nng_socket_set_size(f->sock, NNG_OPT_RECVMAXSZ, 0);
@@ -730,10 +779,33 @@ static int fake_start(fake_server *f, const char *dir, int mode)
     return 0;
 }
 
+static int fake_start(fake_server *f, const char *dir, int mode)
+{
+    return fake_start_at(f, dir, "fake.sock", mode);
+}
+
 static void fake_stop(fake_server *f)
 {
     nng_close(f->sock);
     pthread_join(f->th, NULL);
+}
+
+/* A tcp port on loopback that nobody listens on (bound, then released). */
+static int free_tcp_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    int port = 1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
 }
 
 static int test_timeout(void)
@@ -818,18 +890,72 @@ static int test_timeout(void)
     CHECK(dt < 5000, "close took %.0f ms", dt);
     fake_stop(&f);
 
-    /* nobody listening at all */
-    char nobody[320];
+    /* Nobody listening at all (no socket file; a tcp port nobody holds):
+     * open still succeeds (the dialers keep trying), and a call says so at
+     * once, with the URLs, whatever its timeouts; the async call too. */
+    char nobody[320], nobody_tcp[64];
     snprintf(nobody, sizeof nobody, "ipc://%s/nobody.sock", dir);
-    url = nobody;
-    o.recv_timeout_ms = 300;
-    o.send_timeout_ms = 300;
-    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open to a missing server");
-    q.timeout_ms = 0;
+    snprintf(nobody_tcp, sizeof nobody_tcp, "tcp://127.0.0.1:%d", free_tcp_port());
+    const char *nobodies[2] = {nobody, nobody_tcp};
+    o.recv_timeout_ms = 30000;
+    o.send_timeout_ms = 10000;
+    for (size_t n = 1; n <= 2; n++) {
+        t0 = td_now_ms();
+        CHECK(lnorm_client_open(&c, nobodies, n, &o) == LNORM_OK, "open to a missing server");
+        double topen = td_now_ms() - t0;
+        q.timeout_ms = 0;
+        t0 = td_now_ms();
+        rv = lnorm_normalize(c, &q, &res);
+        dt = td_now_ms() - t0;
+        printf("no server at %zu URL(s): open %.0f ms, then %s after %.0f ms (\"%s\")\n", n, topen,
+               lnorm_errname(rv), dt, res.message);
+        CHECK(rv == LNORM_EUNAVAIL && topen + dt < 1000, "no server: %s after %.0f + %.0f ms", lnorm_errname(rv),
+              topen, dt);
+        CHECK(strstr(res.message, "no lnormd is listening at ") && strstr(res.message, nobody) &&
+                  (n < 2 || strstr(res.message, nobody_tcp)),
+              "no server: message '%s'", res.message);
+        rv = lnorm_health(c, &(int){0}, &res);
+        CHECK(rv == LNORM_EUNAVAIL, "health, no server: %s", lnorm_errname(rv));
+        waiter_init(&w);
+        wslot w1 = {&w, 0};
+        w.pending = 1;
+        t0 = td_now_ms();
+        rv = lnorm_normalize_async(c, &q, waiter_cb, &w1);
+        CHECK(rv == LNORM_EUNAVAIL || (rv == LNORM_OK && waiter_wait(&w, 5000) == 0 && w.errs[0] == LNORM_EUNAVAIL),
+              "async, no server: %s / %s", lnorm_errname(rv), lnorm_errname(w.errs[0]));
+        CHECK(td_now_ms() - t0 < 1000, "async, no server: %.0f ms", td_now_ms() - t0);
+        lnorm_client_close(c);
+    }
+
+    /* A server that comes up after the open is used: the dialers keep
+     * trying, and a new connection clears the refusal. */
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open before the server");
+    CHECK(fake_start(&f, dir, 1) == 0, "fake server, late");
+    int late_ok = 0;
+    for (int k = 0; k < 100 && !late_ok; k++) {
+        late_ok = lnorm_normalize(c, &q, &res) == LNORM_OK;
+        if (!late_ok)
+            td_sleep_ms(50);
+    }
+    CHECK(late_ok, "a server started after the open was never used: %s", res.message);
+    lnorm_client_close(c);
+
+    /* A server that goes away (closes) after serving: a call fails with
+     * EUNAVAIL once nobody has listened for the unavailable grace (2 s
+     * with these reconnect times), not after its 30 s timeout. */
+    o.reconnect_min_ms = 50;
+    o.reconnect_max_ms = 50;
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
+    rv = lnorm_normalize(c, &q, &res);
+    CHECK(rv == LNORM_OK, "before the close: %s", lnorm_errname(rv));
+    fake_stop(&f);
+    unlink(f.url + strlen("ipc://"));
     t0 = td_now_ms();
     rv = lnorm_normalize(c, &q, &res);
     dt = td_now_ms() - t0;
-    CHECK(rv == LNORM_ETIMEDOUT && dt < 5000, "no server: %s after %.0f ms", lnorm_errname(rv), dt);
+    printf("server gone: %s after %.0f ms (\"%s\")\n", lnorm_errname(rv), dt, res.message);
+    CHECK(rv == LNORM_EUNAVAIL && dt >= 1500 && dt < 5000, "server gone: %s after %.0f ms, want EUNAVAIL after ~2 s",
+          lnorm_errname(rv), dt);
     lnorm_client_close(c);
     return 0;
 }
@@ -920,6 +1046,45 @@ static int test_protocol(void)
     CHECK(rv == LNORM_OK && atomic_load(&f.last_deadline) == 0, "no deadline: %s, %llu us", lnorm_errname(rv),
           (unsigned long long)atomic_load(&f.last_deadline));
     lnorm_client_close(c);
+
+    /* UNAVAILABLE (a draining server): with no other server, the call ends
+     * at once with the server's status and message; with a second server,
+     * the request goes there, and nothing more goes to the first (its
+     * connection closed) until it connects again. */
+    o.send_deadline = 0;
+    q.timeout_ms = 0;
+    atomic_store(&f.unavailable, 1000);
+    CHECK(lnorm_client_open(&c, &url, 1, &o) == LNORM_OK, "open");
+    int64_t t0 = td_now_ms();
+    rv = lnorm_normalize(c, &q, &res);
+    int64_t dt = td_now_ms() - t0;
+    printf("draining server alone: %s after %lld ms \"%s\"\n", lnorm_errname(rv), (long long)dt, res.message);
+    CHECK(rv == LNORM_EUNAVAIL && res.status == 14 && strstr(res.message, "fake is draining") && dt < 2000,
+          "draining server alone: %s status %d after %lld ms '%s'", lnorm_errname(rv), res.status, (long long)dt,
+          res.message);
+    lnorm_client_close(c);
+    fake_server g2;
+    CHECK(fake_start_at(&g2, dir, "fake2.sock", 1) == 0, "second fake server");
+    atomic_store(&g2.seen, 100);
+    const char *both[2] = {f.url, g2.url};
+    o.reconnect_min_ms = 2000; /* (the first server stays unconnected for the rest of this check) */
+    o.reconnect_max_ms = 2000;
+    atomic_store(&f.unavailable, 1000);
+    CHECK(lnorm_client_open(&c, both, 2, &o) == LNORM_OK, "open both");
+    int ok = 0, unavail_seen_before;
+    for (int k = 0; k < 20; k++)
+        ok += lnorm_normalize(c, &q, &res) == LNORM_OK;
+    unavail_seen_before = 1000 - atomic_load(&f.unavailable);
+    for (int k = 0; k < 20; k++)
+        ok += lnorm_normalize(c, &q, &res) == LNORM_OK;
+    int unavail_seen = 1000 - atomic_load(&f.unavailable);
+    printf("draining + serving server: %d of 40 calls ok; the draining one answered %d UNAVAILABLE (%d in the "
+           "first 20 calls)\n", ok, unavail_seen, unavail_seen_before);
+    CHECK(ok == 40, "draining + serving server: %d of 40 calls ok (%s)", ok, res.message);
+    CHECK(unavail_seen <= 1 && unavail_seen == unavail_seen_before,
+          "the draining server got %d requests (%d in the first 20 calls)", unavail_seen, unavail_seen_before);
+    lnorm_client_close(c);
+    fake_stop(&g2);
     fake_stop(&f);
     return 0;
 }
@@ -1067,6 +1232,82 @@ static int test_priority(void)
     return 0;
 }
 
+/*
+ * The server's limits, read by the client (lnormd with max-message-bytes
+ * 65536): a 1 MiB request with the default 1 MiB chunks is cut into
+ * chunks that fit and computed right (the server would refuse a 1 MiB
+ * message); a request whose one row is over the limit is refused by the
+ * client at once, naming the limit, and never reaches the server (which
+ * would drop a message that large unanswered).
+ */
+static int test_limits(void)
+{
+    lnorm_client *c = open_client(daemon_.tcp_url);
+    if (!c)
+        return 1;
+    lnorm_server_info info;
+    lnorm_result res;
+    CHECK(lnorm_info(c, &info, &res) == LNORM_OK && info.max_message_bytes == 65536, "info: max_message_bytes %llu",
+          (unsigned long long)info.max_message_bytes);
+    lnorm_client_close(c);
+    c = open_client(daemon_.tcp_url); /* a fresh client: the normalize call reads the limits itself */
+    lnorm_rng g;
+    lnorm_rng_seed(&g, lnorm_test_seed(29));
+    lnorm_test_case_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.op = LNORM_OP_LAYERNORM;
+    cfg.x_dtype = LNORM_DTYPE_F32;
+    cfg.rows = 256;
+    cfg.hidden = 1024;
+    cfg.gamma = 1;
+    cfg.beta = 1;
+    cfg.residual = 1;
+    cfg.stats = 1;
+    lnorm_test_case tc;
+    if (lnorm_test_case_make(&tc, &cfg, &g) != LNORM_OK) {
+        CHECK_FAIL("out of memory");
+        return 1;
+    }
+    lnorm_normalize_req q;
+    req_from_case(&q, &tc);
+    int rv = lnorm_normalize(c, &q, &res);
+    printf("1 MiB of x (+ residual) under max-message-bytes 65536: %s in %u chunks \"%s\"\n", lnorm_errname(rv),
+           res.chunks, res.message);
+    CHECK(rv == LNORM_OK && res.chunks >= 32, "1 MiB request: %s in %u chunks: %s", lnorm_errname(rv), res.chunks,
+          res.message);
+    long bad = rv == LNORM_OK ? lnorm_test_check_segment(&tc.seg, NULL, "limits") : -1;
+    CHECK(bad == 0, "1 MiB request: %ld mismatches against float64", bad);
+    lnorm_test_case_free(&tc);
+
+    /* One row of 2 MiB (and of 65 KiB): refused here, at once, nothing sent. */
+    double before = td_metric(&daemon_, "lnormd_received_bytes_total");
+    const uint64_t hs[2] = {(uint64_t)1 << 19, 16640};
+    for (int k = 0; k < 2; k++) {
+        float *x = calloc(hs[k], 4), *y = calloc(hs[k], 4);
+        lnorm_normalize_req_init(&q, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 1, hs[k]);
+        q.x = x;
+        q.y = y;
+        int64_t t0 = td_now_ms();
+        rv = lnorm_normalize(c, &q, &res);
+        int64_t dt = td_now_ms() - t0;
+        printf("one row of %llu bytes: %s after %lld ms \"%s\"\n", (unsigned long long)hs[k] * 4, lnorm_errname(rv),
+               (long long)dt, res.message);
+        CHECK(rv == LNORM_ELIMIT && res.status == -1 && strstr(res.message, "max-message-bytes 65536") && dt < 1000,
+              "one row over the limit: %s status %d after %lld ms '%s'", lnorm_errname(rv), res.status, (long long)dt,
+              res.message);
+        waiter w;
+        waiter_init(&w);
+        rv = lnorm_normalize_async(c, &q, waiter_cb, &(wslot){&w, 0});
+        CHECK(rv == LNORM_ELIMIT, "async, one row over the limit: %s", lnorm_errname(rv));
+        free(x);
+        free(y);
+    }
+    double after = td_metric(&daemon_, "lnormd_received_bytes_total");
+    CHECK(before > 0 && before == after, "the server received over-size requests (%g bytes, then %g)", before, after);
+    lnorm_client_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -1080,7 +1321,9 @@ int main(int argc, char **argv)
         const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
         const char *prio[] = {"--backend", "cpu", "--cpu-threads", "2", "--priority-levels", "2",
                               "--max-queue-delay-us", "10000000", "--max-batch-rows", "4", NULL};
-        if (td_start(&daemon_, argv[1], NULL, strcmp(what, "priority") ? extra : prio, TD_ENDPOINTS) != 0)
+        const char *small[] = {"--backend", "cpu", "--cpu-threads", "2", "--max-message-bytes", "65536", NULL};
+        const char *const *args = !strcmp(what, "priority") ? prio : !strcmp(what, "limits") ? small : extra;
+        if (td_start(&daemon_, argv[1], NULL, args, TD_ENDPOINTS) != 0)
             return 1;
         printf("lnormd: %s %s http %s\n", daemon_.tcp_url, daemon_.ipc_url, daemon_.http);
     }
@@ -1095,6 +1338,8 @@ int main(int argc, char **argv)
         rv = test_errors();
     else if (strcmp(what, "priority") == 0)
         rv = test_priority();
+    else if (strcmp(what, "limits") == 0)
+        rv = test_limits();
     else if (strcmp(what, "timeout") == 0)
         rv = test_timeout();
     else if (strcmp(what, "protocol") == 0)

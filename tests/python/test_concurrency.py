@@ -3,6 +3,7 @@ flight: every reply checked against the reference."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
 import numpy as np
@@ -62,15 +63,41 @@ def test_asyncio_gather(daemon, rng):
     check("async params", y, xs[0], "layernorm", gamma=np.ones(512, np.float32))
 
 
+def silent_server(path: str) -> socket.socket:
+    """An SP peer on a unix socket that does the REP handshake and never answers."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(16)
+
+    def serve() -> None:
+        conns = []
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                break
+            conn.sendall(b"\x00SP\x00\x00\x31\x00\x00")  # REP0
+            conns.append(conn)  # (read by nobody: requests go unanswered)
+        for conn in conns:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
 def test_asyncio_close_fails_calls_in_flight(tmp_path):
     """Calls waiting on a server that never answers end in ObjectClosed at close."""
+    srv = silent_server(f"{tmp_path}/silent.sock")
 
     async def main():
-        c = lnorm.AsyncClient(f"ipc://{tmp_path}/nobody.sock", send_timeout_ms=20000, timeout_ms=20000)
+        c = lnorm.AsyncClient(f"ipc://{tmp_path}/silent.sock", send_timeout_ms=20000, timeout_ms=20000)
         calls = [asyncio.ensure_future(c.normalize(np.ones((1, 8), np.float32))) for _ in range(4)]
         await asyncio.sleep(0.2)
         await c.close()
         return await asyncio.gather(*calls, return_exceptions=True)
 
-    results = asyncio.run(asyncio.wait_for(main(), 30))
+    try:
+        results = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        srv.close()
     assert all(isinstance(r, lnorm.ObjectClosed) for r in results), results

@@ -3,6 +3,7 @@ with the server's message (or the client's reason when no reply came)."""
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -67,11 +68,17 @@ def test_mean_for_rmsnorm_not_sent(client):
     assert r.mean is None and r.rstd.shape == (2,)
 
 
-def test_no_server_times_out(tmp_path):
-    with lnorm.Client(f"ipc://{tmp_path}/nobody.sock", send_timeout_ms=300, timeout_ms=300) as c:
-        with pytest.raises(lnorm.DeadlineExceeded) as e:
+def test_no_server_is_unavailable(tmp_path):
+    """Nobody listening: said at once, naming the URL, whatever the timeouts."""
+    url = f"ipc://{tmp_path}/nobody.sock"
+    t0 = time.monotonic()
+    with lnorm.Client(url, send_timeout_ms=10000, timeout_ms=30000) as c:
+        with pytest.raises(lnorm.ServiceUnavailable) as e:
             c.health()
-    assert isinstance(e.value, TimeoutError) and e.value.status == -1
+        with pytest.raises(lnorm.ServiceUnavailable):
+            c.normalize(np.ones((2, 8), np.float32))
+    assert time.monotonic() - t0 < 1.0
+    assert e.value.status == -1 and f"no lnormd is listening at {url}" in str(e.value)
 
 
 def test_closed_client(daemon):
