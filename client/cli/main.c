@@ -60,6 +60,8 @@ static const char *usage_normalize =
     "  --chunk-bytes N    client chunk size (default: the library's)\n"
     "  --priority P       batching priority level, 1..the server's priority-levels (0: its default)\n"
     "  --max-queue-us US  longest wait in the server's queue (0: the server's max-queue-wait-us)\n"
+    "  --shm              through shared memory when lnormd is local (ipc:// URL) and allows it\n"
+    "                     (allow-shm); otherwise over the socket as usual\n"
     "  --url URL, --timeout-ms MS\n"
     "A progress line goes to stderr when it is a terminal and the input is over 64 MiB.\n";
 
@@ -118,6 +120,10 @@ static int add_url(common *cm, const char *u)
     return 0;
 }
 
+/* --shm: tensors through shared memory when lnormd is local (ipc://) and
+ * allows it (lnorm_client_opts.auto_shm_bytes). */
+static int g_shm;
+
 static int open_client(common *cm, lnorm_client **c, size_t chunk_bytes)
 {
     if (cm->nurls == 0) {
@@ -132,6 +138,8 @@ static int open_client(common *cm, lnorm_client **c, size_t chunk_bytes)
     }
     if (chunk_bytes)
         o.chunk_bytes = chunk_bytes;
+    if (g_shm)
+        o.auto_shm_bytes = 1;
     int rv = lnorm_client_open(c, cm->urls, cm->nurls, &o);
     if (rv != LNORM_OK)
         fprintf(stderr, "lnorm: cannot open client for %s: %s\n", cm->urls[0], lnorm_strerror(rv));
@@ -149,7 +157,7 @@ enum {
     O_URL = 1000, O_TIMEOUT, O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
     O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK, O_ID, O_HELP,
     O_PRIO, O_MAXQ,
-    O_OUTDT, O_F64
+    O_OUTDT, O_F64, O_SHM
 };
 
 static const struct option long_opts[] = {
@@ -164,6 +172,7 @@ static const struct option long_opts[] = {
     {"chunk-bytes", required_argument, 0, O_CHUNK}, {"id", required_argument, 0, O_ID},
     {"priority", required_argument, 0, O_PRIO}, {"max-queue-us", required_argument, 0, O_MAXQ},
     {"out-dtype", required_argument, 0, O_OUTDT}, {"convert-f64", no_argument, 0, O_F64},
+    {"shm", no_argument, 0, O_SHM},
     {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
 
 /* Everything the commands may be given. */
@@ -315,6 +324,7 @@ static int parse_args(int argc, char **argv, args *a, const int *allowed, const 
                 return die_usage("--out-dtype must be f32, f16 or bf16", usage);
             break;
         case O_F64: g_convert_f64 = 1; break;
+        case O_SHM: g_shm = 1; break;
         }
     }
     if (optind < argc)
@@ -611,7 +621,7 @@ static int cmd_normalize(int argc, char **argv)
 {
     static const int allowed[] = {O_IN, O_OUT, O_OP, O_EPS, O_EPS_OUT, O_GAMMA, O_BETA, O_PID,
                                   O_STATS, O_RAWBF16, O_ROWS, O_HIDDEN, O_RES, O_RESOUT, O_CHUNK,
-                                  O_PRIO, O_MAXQ, O_OUTDT, O_F64, 0};
+                                  O_PRIO, O_MAXQ, O_OUTDT, O_F64, O_SHM, 0};
     args a;
     int status = parse_args(argc, argv, &a, allowed, usage_normalize);
     if (status)

@@ -114,7 +114,7 @@ int main(int argc, char **argv)
         return 2;
     }
     cli = argv[2];
-    const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", NULL};
+    const char *extra[] = {"--backend", "cpu", "--cpu-threads", "2", "--allow-shm", NULL};
     if (td_start(&d, argv[1], NULL, extra, TD_ENDPOINTS) != 0)
         return 1;
     const char *url = d.tcp_url;
@@ -149,6 +149,24 @@ int main(int argc, char **argv)
         } else {
             CHECK_FAIL("A outputs missing");
         }
+        lnorm__npy_free(&y);
+        lnorm__npy_free(&m);
+        lnorm__npy_free(&s);
+        /* A again with --shm over ipc: through a shared-memory region (lnormd
+         * logs its registration), the same outputs. */
+        CHECK(!td_log_contains(&d, "registered:"), "no region registered before --shm");
+        rc = run("normalize --shm --url %s --in %s/a_x.npy --out %s/a_y_shm.npy --gamma %s/a_g.npy "
+                 "--beta %s/a_b.npy --stats-out %s/a_sts --eps 1e-4",
+                 d.ipc_url, dir, dir, dir, dir, dir);
+        CHECK(rc == 0, "A --shm exit %d: %s", rc, out);
+        if (rc == 0 && read_npy("a_y_shm.npy", &y) == 0 && read_npy("a_sts.mean.npy", &m) == 0 &&
+            read_npy("a_sts.rstd.npy", &s) == 0) {
+            check_run("cli A --shm", LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, LNORM_DTYPE_F32, R, H, 1e-4f, 0, x, NULL,
+                      gm, bt, y.data, NULL, m.data, s.data);
+        } else {
+            CHECK_FAIL("A --shm outputs missing");
+        }
+        CHECK(td_wait_log(&d, "registered:", 2000), "--shm: lnormd registered a region");
         lnorm__npy_free(&y);
         lnorm__npy_free(&m);
         lnorm__npy_free(&s);
