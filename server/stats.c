@@ -225,6 +225,10 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_counter(&b, "lnormd_frames_timed_out_total", "counter",
                           "Connections closed with a message arriving for longer than frame-timeout-ms.",
                           LD(s->frames_timed_out));
+    lnorm__render_counter(&b, "lnormd_ipc_relistens_total", "counter",
+                          "ipc listeners listened on again after NNG stopped accepting on them (a peer that "
+                          "closed during the handshake).",
+                          LD(s->ipc_relistens));
     lnorm__render_counter(&b, "lnormd_frames_over_budget_total", "counter",
                           "Connections closed because the messages still arriving held more than max-receive-bytes.",
                           LD(s->frames_over_budget));

@@ -67,6 +67,7 @@ typedef struct lnorm__stats {
     atomic_uint_fast64_t conns_refused_listener; /* closed on arrival: max-connections */
     atomic_uint_fast64_t conns_refused_peer;     /* closed on arrival: max-connections-per-peer */
     atomic_uint_fast64_t frames_timed_out;       /* closed by the frame watchdog: frame-timeout-ms */
+    atomic_uint_fast64_t ipc_relistens;          /* ipc listeners replaced after NNG stopped them */
     atomic_int_fast64_t receiving_bytes;         /* of frames in progress, the watchdog's last look */
     atomic_uint_fast64_t frames_over_budget;     /* closed by the frame watchdog: max-receive-bytes */
     /* The backend's own counters (lnorm__backend_counters), copied in by

@@ -1,6 +1,11 @@
 /* NNG rep0 socket + context pool; listeners on tcp://, ipc://, tls+tcp://. */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +60,15 @@ struct lnorm__transport {
         uint64_t handed;
     } *pipes;
     size_t npipes, cap_pipes;
+    /* The ipc listener keeper (lnorm__keeper). */
+    pthread_t keeper;
+    int keeper_on;
+    pthread_mutex_t kmu;
+    pthread_cond_t kcv;
+    int kstop;
+    int64_t other[LNORM__MAX_LISTEN]; /* each listener's "other" error count, as last seen */
+    atomic_uint_fast64_t arrived[LNORM__MAX_LISTEN]; /* connections each listener handed over (ADD_PRE) */
+    lnorm__stats *st;
 };
 
 /* One more reply handed to NNG on pipe p. Only live pipes have an entry:
@@ -171,6 +185,10 @@ static void lnorm__pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     lnorm__transport *tp = arg;
     if (ev == NNG_PIPE_EV_ADD_PRE) {
+        uint32_t lid = (uint32_t)nng_listener_id(nng_pipe_listener(p));
+        for (int i = 0; i < tp->nls; i++)
+            if ((uint32_t)nng_listener_id(tp->ls[i]) == lid)
+                atomic_fetch_add(&tp->arrived[i], 1);
         /* Closed here, a pipe is never used: NNG has not begun to read it. */
         if (atomic_load(&tp->draining) || !lnorm__conns_admit(tp->conns, p))
             nng_pipe_close(p);
@@ -275,7 +293,8 @@ static int lnorm__tls_setup(lnorm__transport *tp, const lnorm__config *cfg, char
     return LNORM_OK;
 }
 
-static int lnorm__listen(lnorm__transport *tp, const char *url, char *err, size_t errlen)
+/* A started listener on url (ipc: socket mode 0660; tls: the config). */
+static int lnorm__listener_open(lnorm__transport *tp, const char *url, nng_listener *out, char *err, size_t errlen)
 {
     nng_listener l;
     int rv = nng_listener_create(&l, tp->sock, url);
@@ -296,6 +315,17 @@ static int lnorm__listen(lnorm__transport *tp, const char *url, char *err, size_
         nng_listener_close(l);
         return LNORM_ETRANSPORT;
     }
+    *out = l;
+    return LNORM_OK;
+}
+
+static int lnorm__listen(lnorm__transport *tp, const char *url, char *err, size_t errlen)
+{
+    nng_listener l;
+    int rc = lnorm__listener_open(tp, url, &l, err, errlen);
+    if (rc != LNORM_OK)
+        return rc;
+    int is_ipc = !strncmp(url, "ipc://", 6);
     char *real = tp->urls[tp->nls];
     snprintf(real, sizeof tp->urls[0], "%s", url);
     if (!is_ipc) {
@@ -311,10 +341,139 @@ static int lnorm__listen(lnorm__transport *tp, const char *url, char *err, size_
         if (u)
             nng_url_free(u);
     }
+    tp->other[tp->nls] = 0; /* a new listener's count starts at 0 */
     tp->ls[tp->nls++] = l;
     LOG_INFO("listening on %s", real);
     return LNORM_OK;
 }
+
+/* NNG 1.5.2's ipc transport hands the error of a connection that closes
+ * during its SP handshake to the listener's pending accept, as NNG_ECLOSED,
+ * and the socket core takes that for the listener closing: it never
+ * accepts again (one connect() and close() on the socket path is enough).
+ * The keeper reads each ipc listener's "other" error count (where ECLOSED
+ * is counted, beside errors after which the listener goes on) every
+ * 200 ms; when it rose, the keeper connects as a REQ peer: a listener
+ * whose connection does not reach the socket (its pipe event) within
+ * 500 ms has stopped (the transport still does the handshake, the core no
+ * longer takes the connection), and is replaced: the new one binds the
+ * same path. The old one's connections close with
+ * it (liblnorm resends their requests); nothing else can restart its
+ * accepts. */
+#define LNORM__KEEPER_NS 200000000ull
+#define LNORM__PROBE_MS 500
+
+/* Whether ipc listener i hands a REQ peer's connection to the socket
+ * within LNORM__PROBE_MS (1), or not (0). The probe completes the SP
+ * handshake before it closes, so it cannot stop the listener itself. */
+static int lnorm__ipc_alive(lnorm__transport *tp, int i)
+{
+    const char *url = tp->urls[i];
+    const uint64_t before = atomic_load(&tp->arrived[i]);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (snprintf(a.sun_path, sizeof a.sun_path, "%s", url + 6) >= (int)sizeof a.sun_path)
+        return 1; /* not a path we can probe: assume alive */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 1;
+    static const unsigned char req_hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* REQ (48) */
+    unsigned char got[8];
+    size_t n = 0;
+    int alive = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send(fd, req_hdr, sizeof req_hdr, MSG_NOSIGNAL) == 8) {
+        uint64_t end = lnorm__now_ns() + (uint64_t)LNORM__PROBE_MS * 1000000ull;
+        while (n < sizeof got) {
+            uint64_t now = lnorm__now_ns();
+            if (now >= end)
+                break;
+            struct pollfd pfd = {fd, POLLIN, 0};
+            if (poll(&pfd, 1, (int)((end - now) / 1000000ull) + 1) <= 0)
+                break;
+            ssize_t r = recv(fd, got + n, sizeof got - n, 0);
+            if (r <= 0)
+                break;
+            n += (size_t)r;
+        }
+        while (n == sizeof got && atomic_load(&tp->arrived[i]) == before && lnorm__now_ns() < end) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+        alive = atomic_load(&tp->arrived[i]) != before;
+    }
+    close(fd);
+    return alive;
+}
+
+static int64_t lnorm__listener_other(nng_stat *root, int id)
+{
+    for (nng_stat *c = nng_stat_child(root); c; c = nng_stat_next(c)) {
+        if (strcmp(nng_stat_name(c), "listener") != 0)
+            continue;
+        nng_stat *sid = nng_stat_find(c, "id"), *other = nng_stat_find(c, "other");
+        if (sid && other && nng_stat_value(sid) == (uint64_t)id)
+            return (int64_t)nng_stat_value(other);
+    }
+    return -1;
+}
+
+static void lnorm__keeper_tick(lnorm__transport *tp)
+{
+    nng_stat *root;
+    if (nng_stats_get(&root) != 0)
+        return;
+    for (int i = 0; i < tp->nls; i++) {
+        if (strncmp(tp->urls[i], "ipc://", 6) != 0)
+            continue;
+        int64_t v = lnorm__listener_other(root, nng_listener_id(tp->ls[i]));
+        if (v < 0)
+            continue;
+        if (v <= tp->other[i] || atomic_load(&tp->draining) || atomic_load(&tp->closing) ||
+            lnorm__ipc_alive(tp, i)) {
+            tp->other[i] = v;
+            continue;
+        }
+        char err[256];
+        nng_listener l;
+        nng_listener_close(tp->ls[i]);
+        if (lnorm__listener_open(tp, tp->urls[i], &l, err, sizeof err) != LNORM_OK) {
+            LOG_ERROR("%s stopped accepting and could not be listened on again: %s (next try in 200 ms)",
+                      tp->urls[i], err);
+            continue; /* the count stays: tried again next tick */
+        }
+        tp->ls[i] = l;
+        tp->other[i] = 0;
+        if (tp->st)
+            atomic_fetch_add(&tp->st->ipc_relistens, 1);
+        LOG_WARN("%s stopped accepting (a peer closed its connection during the handshake, which stops NNG "
+                 "1.5's ipc listener): listening again; its open connections were closed",
+                 tp->urls[i]);
+    }
+    nng_stats_free(root);
+}
+
+static void *lnorm__keeper(void *arg)
+{
+    lnorm__transport *tp = arg;
+    pthread_mutex_lock(&tp->kmu);
+    while (!tp->kstop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + LNORM__KEEPER_NS;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&tp->kcv, &tp->kmu, &ts);
+        if (tp->kstop)
+            break;
+        pthread_mutex_unlock(&tp->kmu);
+        lnorm__keeper_tick(tp);
+        pthread_mutex_lock(&tp->kmu);
+    }
+    pthread_mutex_unlock(&tp->kmu);
+    return NULL;
+}
+
 
 int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, lnorm__stats *st, lnorm__on_msg_fn fn,
                             void *arg, char *err, size_t errlen)
@@ -327,6 +486,9 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
         return LNORM_ENOMEM;
     }
     pthread_mutex_init(&tp->pmu, NULL);
+    pthread_mutex_init(&tp->kmu, NULL);
+    tp->st = st;
+    pthread_cond_init(&tp->kcv, NULL);
     tp->on_msg = fn;
     tp->arg = arg;
     tp->send_timeout_ms = (nng_duration)cfg->send_timeout_ms;
@@ -369,6 +531,17 @@ int lnorm__transport_create(lnorm__transport **out, const lnorm__config *cfg, ln
             break;
         }
         tp->nslots = i + 1;
+    }
+    int any_ipc = 0;
+    for (int i = 0; i < tp->nls; i++)
+        any_ipc |= !strncmp(tp->urls[i], "ipc://", 6);
+    if (rc == LNORM_OK && any_ipc) {
+        if ((rv = pthread_create(&tp->keeper, NULL, lnorm__keeper, tp)) != 0) {
+            snprintf(err, errlen, "ipc listener keeper: %s", strerror(rv));
+            rc = LNORM_ENOMEM;
+        } else {
+            tp->keeper_on = 1;
+        }
     }
     if (rc != LNORM_OK) {
         lnorm__transport_close(tp);
@@ -442,6 +615,14 @@ uint64_t lnorm__transport_last_recv_ns(lnorm__transport *tp)
 void lnorm__transport_close(lnorm__transport *tp)
 {
     atomic_store(&tp->closing, 1);
+    if (tp->keeper_on) {
+        pthread_mutex_lock(&tp->kmu);
+        tp->kstop = 1;
+        pthread_cond_signal(&tp->kcv);
+        pthread_mutex_unlock(&tp->kmu);
+        pthread_join(tp->keeper, NULL);
+        tp->keeper_on = 0;
+    }
     if (tp->sock_open) {
         nng_close(tp->sock);
         tp->sock_open = 0;
@@ -465,6 +646,8 @@ void lnorm__transport_destroy(lnorm__transport *tp)
     free(tp->pipes);
     lnorm__conns_destroy(tp->conns);
     pthread_mutex_destroy(&tp->pmu);
+    pthread_mutex_destroy(&tp->kmu);
+    pthread_cond_destroy(&tp->kcv);
     if (tp->tls)
         nng_tls_config_free(tp->tls);
     free(tp);
