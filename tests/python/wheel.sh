@@ -3,9 +3,9 @@
 # build's liblnorm; installed on its own into a folder (LNORM_LIBRARY unset),
 # the package loads the liblnorm inside it and normalizes through a real
 # lnormd, checked against float64.
-#   wheel.sh BUILD_DIR SOURCE_DIR LNORMD LIBLNORM LAYOUT_PROGRAM
+#   wheel.sh BUILD_DIR SOURCE_DIR LNORMD LIBLNORM LAYOUT_PROGRAM SANITIZE(ON|OFF)
 set -uo pipefail
-build=$1 src=$2 lnormd=$3 liblnorm=$4 layout=$5
+build=$1 src=$2 lnormd=$3 liblnorm=$4 layout=$5 sanitize=${6:-OFF}
 . "$(dirname "$0")/venv.sh"
 tmp=$(mktemp -d)
 pid=
@@ -18,6 +18,12 @@ bash "$src/scripts/build-wheel.sh" "$build" "$tmp/whl" "$venv/bin/python" || { e
 pid=$!
 for _ in $(seq 1 100); do [[ -f $tmp/ready ]] && break; sleep 0.1; done
 [[ -f $tmp/ready ]] || { cat "$tmp/lnormd.log"; echo "FAIL: lnormd did not start"; exit 1; }
+if [[ $sanitize == ON ]]; then
+  # the wheel carries the ASan + UBSan liblnorm: its runtime first (as run.sh)
+  asan=$(gcc -print-file-name=libasan.so)
+  [[ -e $asan ]] || { echo "SKIP: sanitized build but no libasan.so to preload"; exit 77; }
+  export LD_PRELOAD=$asan ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+fi
 cd "$tmp" && env -u LNORM_LIBRARY PYTHONPATH="$tmp/site" "$venv/bin/python" - "$tmp" <<'PY'
 import os
 import sys
