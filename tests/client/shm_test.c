@@ -521,16 +521,9 @@ static int test_ring(void)
 /* ---- faults ------------------------------------------------------------------------- */
 
 /* lnormd's gauge of registered regions (from /metrics), -1 if absent. */
-static long metric_regions_of(td_daemon *d)
+static long metric_regions_of(const td_daemon *d)
 {
-    int status = 0;
-    char *body = td_http_get(d, "/metrics", &status);
-    if (!body)
-        return -1;
-    const char *p = strstr(body, "\nlnormd_shm_regions ");
-    long v = p ? strtol(p + 20, NULL, 10) : -1;
-    free(body);
-    return v;
+    return (long)td_metric(d, "lnormd_shm_regions");
 }
 
 static long metric_regions(void)

@@ -75,20 +75,6 @@ static int new_ipc_client(const char *url, uint64_t id)
     return -1;
 }
 
-static long metric(const td_daemon *d, const char *name)
-{
-    int status = 0;
-    char *body = td_http_get(d, "/metrics", &status);
-    if (!body)
-        return -1;
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(body, key);
-    long v = p ? strtol(p + strlen(key), NULL, 10) : -1;
-    free(body);
-    return v;
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -113,7 +99,7 @@ int main(int argc, char **argv)
               "round %d: a new ipc client is served within 3 s after peers closed in the handshake", round + 1);
         CHECK(call(tcp, 20 + (uint64_t)round, "tcp client") == 0, "round %d: the tcp client is served", round + 1);
     }
-    long n = metric(&d, "lnormd_ipc_relistens_total");
+    long n = (long)td_metric(&d, "lnormd_ipc_relistens_total");
     printf("lnormd_ipc_relistens_total %ld\n", n);
     CHECK(n >= 1, "the ipc listener was listened on again (lnormd_ipc_relistens_total %ld)", n);
     nng_close(tcp);
