@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -46,6 +47,7 @@ struct lnorm__transport {
     atomic_int draining;
     atomic_int closing;
     atomic_int busy;
+    atomic_int in_nng; /* threads inside nng_ctx_send/recv (lnorm__gate_enter) */
     atomic_uint_fast64_t last_recv_ns;
     nng_duration send_timeout_ms;
     void (*on_close)(void *arg, uint32_t pipe);
@@ -99,11 +101,33 @@ static void lnorm__reply_lost(lnorm__transport *tp, nng_pipe p, const char *why)
         LOG_WARN("reply not sent (%s): its connection closed", why);
 }
 
+/*
+ * Every nng_ctx_send and nng_ctx_recv passes this gate: libnng 1.5.2 lets
+ * nng_close free the socket while another thread is still on its way out
+ * of an nng_ctx_ call (it drops the context's last reference after the
+ * closer was told the context is gone, then locks the freed socket's
+ * mutex). Once closing, no thread enters; close waits until none is
+ * inside. (Sequentially consistent: the entering thread counts itself
+ * before it reads closing, close sets closing before it reads the count.)
+ */
+static int lnorm__gate_enter(lnorm__transport *tp)
+{
+    atomic_fetch_add(&tp->in_nng, 1);
+    if (!atomic_load(&tp->closing))
+        return 1;
+    atomic_fetch_sub(&tp->in_nng, 1);
+    return 0;
+}
+
 static void lnorm__slot_recv(lnorm__slot *s)
 {
+    lnorm__transport *tp = s->tp;
     s->state = SLOT_RECV;
+    if (!lnorm__gate_enter(tp))
+        return; /* (closing: no more requests) */
     nng_aio_set_timeout(s->aio, NNG_DURATION_INFINITE);
     nng_ctx_recv(s->ctx, s->aio);
+    atomic_fetch_sub(&tp->in_nng, 1);
 }
 
 static void lnorm__slot_cb(void *arg)
@@ -154,11 +178,19 @@ void lnorm__transport_reply(void *slot, nng_msg *msg)
         atomic_fetch_sub(&s->tp->busy, 1);
         return;
     }
+    lnorm__transport *tp = s->tp;
+    if (!lnorm__gate_enter(tp)) { /* closing: the reply cannot go out any more */
+        nng_msg_free(msg);
+        s->state = SLOT_RECV;
+        atomic_fetch_sub(&tp->busy, 1);
+        return;
+    }
     s->state = SLOT_SEND;
     /* A peer that does not read cannot hold a context forever. */
-    nng_aio_set_timeout(s->aio, s->tp->send_timeout_ms);
+    nng_aio_set_timeout(s->aio, tp->send_timeout_ms);
     nng_aio_set_msg(s->aio, msg);
     nng_ctx_send(s->ctx, s->aio);
+    atomic_fetch_sub(&tp->in_nng, 1);
 }
 
 void lnorm__transport_peer(void *slot, lnorm__peer *out)
@@ -623,6 +655,8 @@ void lnorm__transport_close(lnorm__transport *tp)
         pthread_join(tp->keeper, NULL);
         tp->keeper_on = 0;
     }
+    while (atomic_load(&tp->in_nng) > 0) /* (see lnorm__gate_enter) */
+        sched_yield();
     if (tp->sock_open) {
         nng_close(tp->sock);
         tp->sock_open = 0;

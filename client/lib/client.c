@@ -501,6 +501,43 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
     return LNORM_OK;
 }
 
+/* Replies still on their way to c's socket: over its connections, the
+ * requests written less the replies read (NNG's statistics of each
+ * connection; 0 when this NNG keeps none). */
+static uint64_t replies_due(lnorm_client *c)
+{
+    nng_stat *root = NULL;
+    if (nng_stats_get(&root) != 0)
+        return 0;
+    const uint64_t sid = (uint64_t)nng_socket_id(c->sock);
+    uint64_t due = 0;
+    for (nng_stat *p = nng_stat_child(root); p; p = nng_stat_next(p)) {
+        if (strcmp(nng_stat_name(p), "pipe") != 0)
+            continue;
+        nng_stat *sk = nng_stat_find(p, "socket"), *tx = nng_stat_find(p, "tx_msgs"), *rx = nng_stat_find(p, "rx_msgs");
+        if (sk && tx && rx && nng_stat_value(sk) == sid && nng_stat_value(tx) > nng_stat_value(rx))
+            due += nng_stat_value(tx) - nng_stat_value(rx);
+    }
+    nng_stats_free(root);
+    return due;
+}
+
+/*
+ * Before the socket closes, let the replies still on their way arrive, for
+ * at most LNORM__CLOSE_LINGER_MS: libnng 1.5.2 loses a connection's
+ * receive when a message is arriving as the connection closes (the read of
+ * its body is dropped unstarted), and its reaper then waits for good, in
+ * nng_close and in every later close of the process. Replies of aborted
+ * calls still come (the server computes them anyway); a request whose
+ * connection dropped has none coming, and the wait ends at the bound.
+ */
+static void await_replies(lnorm_client *c)
+{
+    nng_time until = nng_clock() + LNORM__CLOSE_LINGER_MS;
+    while (replies_due(c) > 0 && nng_clock() < until)
+        nng_msleep(1);
+}
+
 void lnorm_client_close(lnorm_client *c)
 {
     if (!c)
@@ -511,13 +548,24 @@ void lnorm_client_close(lnorm_client *c)
     nng_mtx_unlock(c->mtx);
     if (c->keeper)
         nng_thread_destroy(c->keeper); /* (joins it) */
-    /* Closing the socket aborts every exchange; the calls then complete
-     * (with LNORM_ECLOSED) through their callbacks. */
-    nng_close(c->sock);
+    nng_mtx_lock(c->mtx);
+    while (c->in_nng > 0) /* (see gate_enter) */
+        nng_cv_wait(c->cv);
+    size_t nslots = c->nslots; /* (no slot is made once closing) */
+    nng_mtx_unlock(c->mtx);
+    /* Every exchange is aborted while the socket is still open; the calls
+     * complete (with LNORM_ECLOSED) through their callbacks, which start
+     * nothing new (the gate is shut). Only then is the socket closed:
+     * libnng 1.5.2's nng_close with a context operation still pending can
+     * wait for good (its reaper stuck stopping a connection's receive). */
+    for (size_t i = 0; i < nslots; i++)
+        nng_aio_cancel(c->all_slots[i]->aio);
     nng_mtx_lock(c->mtx);
     while (c->ncalls > 0)
         nng_cv_wait(c->cv);
     nng_mtx_unlock(c->mtx);
+    await_replies(c);
+    nng_close(c->sock);
     lnorm__probe_fini(c);
     for (size_t i = 0; i < c->nslots; i++) {
         nng_aio_free(c->all_slots[i]->aio);
@@ -681,6 +729,45 @@ static nng_duration send_wait(const lnorm__slot *s)
     return to;
 }
 
+/*
+ * Every nng_ctx_send and nng_ctx_recv of the client passes this gate.
+ * libnng 1.5.2 lets nng_close free the socket while another thread is
+ * still on its way out of nng_ctx_recv: that thread drops the context's
+ * last reference after the closer was told the context is gone, then
+ * locks the freed socket's mutex (a panic, seen when a reply completes a
+ * call on one thread while the receive that found it returns on another).
+ * So once the client is closing no thread enters, and close waits until
+ * none is inside before it closes the socket. A refused thread ends its
+ * chunk with LNORM_ECLOSED.
+ */
+static int gate_enter(lnorm_client *c)
+{
+    nng_mtx_lock(c->mtx);
+    int open = !c->closing;
+    if (open)
+        c->in_nng++;
+    nng_mtx_unlock(c->mtx);
+    return open;
+}
+
+static void gate_leave(lnorm_client *c)
+{
+    nng_mtx_lock(c->mtx);
+    if (--c->in_nng == 0 && c->closing)
+        nng_cv_wake(c->cv);
+    nng_mtx_unlock(c->mtx);
+}
+
+static void slot_done(lnorm__slot *s, int rv, int err, int status, char *why, size_t whylen);
+
+/* The slot's chunk ends because the client is closing (gate refused). */
+static void slot_closed(lnorm__slot *s)
+{
+    char why[200];
+    snprintf(why, sizeof why, "client closed");
+    slot_done(s, NNG_ECLOSED, LNORM_ECLOSED, -1, why, sizeof why);
+}
+
 /* Send message m of the slot's chunk, waiting at most send_to (< 0:
  * without end) for a connection. */
 static void slot_send(lnorm__slot *s, nng_msg *m, nng_duration send_to)
@@ -689,9 +776,16 @@ static void slot_send(lnorm__slot *s, nng_msg *m, nng_duration send_to)
     if (s->has_send_by)
         s->send_by = nng_clock() + (nng_time)send_to;
     s->sending = 1;
+    if (!gate_enter(s->c)) {
+        nng_msg_free(m);
+        slot_closed(s);
+        return;
+    }
+    lnorm_client *c = s->c; /* (s may be reused once the send is under way) */
     nng_aio_set_msg(s->aio, m);
     nng_aio_set_timeout(s->aio, send_wait(s));
     nng_ctx_send(s->ctx, s->aio);
+    gate_leave(c);
 }
 
 static void start_chunk(lnorm__call *call, uint64_t i)
@@ -877,10 +971,11 @@ static int send_again(lnorm__slot *s)
     int stop = c->closing || s->call->failed;
     nng_mtx_unlock(c->mtx);
     nng_msg *m = nng_aio_get_msg(s->aio);
-    if (stop || !m || (s->has_send_by && nng_clock() >= s->send_by))
+    if (stop || !m || (s->has_send_by && nng_clock() >= s->send_by) || !gate_enter(c))
         return 0;
     nng_aio_set_timeout(s->aio, send_wait(s));
     nng_ctx_send(s->ctx, s->aio);
+    gate_leave(c);
     return 1;
 }
 
@@ -895,8 +990,14 @@ static void slot_sent(lnorm__slot *s)
         if (s->has_deadline)
             s->deadline = nng_clock() + (nng_time)s->call->recv_timeout;
     }
+    lnorm_client *c = s->c;
+    if (!gate_enter(c)) {
+        slot_closed(s);
+        return;
+    }
     nng_aio_set_timeout(s->aio, recv_wait(s));
     nng_ctx_recv(s->ctx, s->aio);
+    gate_leave(c);
 }
 
 /* Give the slot back and account for its chunk; err/status/why describe

@@ -143,6 +143,9 @@ typedef struct lnorm__pipe_rec {
  * is dialed again after max(reconnect_min_ms, reconnect_max_ms), at
  * least this long. */
 #define LNORM__HOLD_MIN_MS 500
+/* The longest lnorm_client_close waits for replies still on their way
+ * (client.c: await_replies). */
+#define LNORM__CLOSE_LINGER_MS 1000
 
 /* Connections (of no known URL) waiting for the keeper to close them. */
 #define LNORM__CLOSE_QUEUE 16
@@ -183,6 +186,7 @@ struct lnorm_client {
     nng_mtx *mtx;
     nng_cv *cv;
     int closing;
+    int in_nng;              /* threads inside nng_ctx_send/recv (client.c: gate_enter) */
     int ncalls;              /* calls not yet completed */
     uint64_t next_id;
     lnorm__slot *free_slots;

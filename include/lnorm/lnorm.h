@@ -127,7 +127,8 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
                       const lnorm_client_opts *opts);
 
 /* Close a client: calls in flight fail with LNORM_ECLOSED (their callbacks
- * run before this returns), then every resource is freed. NULL is a no-op.
+ * run before this returns); replies still on their way are let arrive (at
+ * most 1 s), then every resource is freed. NULL is a no-op.
  * Never call it from a completion callback of the same client (it waits
  * for that callback to return). */
 void lnorm_client_close(lnorm_client *c);

@@ -1308,10 +1308,85 @@ static int test_limits(void)
     return 0;
 }
 
+/* ---- close_race: close right after calls, from many threads --------------
+ * A reply can complete a call on one NNG thread while the receive that found
+ * it is still returning on another; the caller then closes the client at
+ * once (lnorm register did, and libnng 1.5.2 panicked in a freed mutex).
+ * Also closes with async calls still in flight: each callback runs exactly
+ * once, with LNORM_OK or LNORM_ECLOSED, and close returns. */
+
+#define RACE_THREADS 8
+#define RACE_ROUNDS 25
+#define RACE_ASYNC 4
+#define RACE_H 64
+
+typedef struct race_seen {
+    atomic_int runs;
+    atomic_int bad; /* an error other than LNORM_OK / LNORM_ECLOSED */
+} race_seen;
+
+static void race_cb(void *arg, int err, const lnorm_result *res)
+{
+    race_seen *s = arg;
+    (void)res;
+    if (err != LNORM_OK && err != LNORM_ECLOSED)
+        atomic_fetch_add(&s->bad, 1);
+    atomic_fetch_add(&s->runs, 1);
+}
+
+static void *race_thread(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    float x[RACE_H], y[RACE_ASYNC + 1][RACE_H];
+    for (int i = 0; i < RACE_H; i++)
+        x[i] = (float)((i * 7 + t) % 13) - 6.0f;
+    for (int k = 0; k < RACE_ROUNDS; k++) {
+        lnorm_client *c = open_client((t + k) % 2 ? daemon_.tcp_url : daemon_.ipc_url);
+        if (!c)
+            return NULL;
+        lnorm_normalize_req q;
+        lnorm_normalize_req_init(&q, LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 1, RACE_H);
+        q.x = x;
+        q.y = y[0];
+        lnorm_result res;
+        int rv = lnorm_normalize(c, &q, &res);
+        CHECK(rv == LNORM_OK, "thread %d round %d: %s: %s", t, k, lnorm_errname(rv), res.message);
+        CHECK(rv != LNORM_OK || fabsf(y[0][0] - y[0][13]) < 1e-5f, "thread %d: wrong output", t);
+        race_seen seen = {0};
+        int started = 0;
+        for (int a = 0; k % 2 && a < RACE_ASYNC; a++) {
+            q.y = y[a + 1];
+            rv = lnorm_normalize_async(c, &q, race_cb, &seen);
+            CHECK(rv == LNORM_OK, "thread %d async start: %s", t, lnorm_errname(rv));
+            started += rv == LNORM_OK;
+        }
+        lnorm_client_close(c);
+        CHECK(atomic_load(&seen.runs) == started, "thread %d: %d callbacks for %d async calls", t,
+              atomic_load(&seen.runs), started);
+        CHECK(atomic_load(&seen.bad) == 0, "thread %d: %d async calls ended other than OK/ECLOSED", t,
+              atomic_load(&seen.bad));
+    }
+    return NULL;
+}
+
+static int test_close_race(void)
+{
+    pthread_t th[RACE_THREADS];
+    for (int t = 0; t < RACE_THREADS; t++)
+        if (pthread_create(&th[t], NULL, race_thread, (void *)(intptr_t)t) != 0) {
+            CHECK_FAIL("pthread_create");
+            return 1;
+        }
+    for (int t = 0; t < RACE_THREADS; t++)
+        pthread_join(th[t], NULL);
+    printf("close_race: %d clients closed right after their calls\n", RACE_THREADS * RACE_ROUNDS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s LNORMD_PATH|- concurrent|chunked|params|errors|priority|timeout|protocol\n",
+        fprintf(stderr, "usage: %s LNORMD_PATH|- concurrent|chunked|params|errors|priority|limits|close_race|timeout|protocol|async_start\n",
                 argv[0]);
         return 2;
     }
@@ -1340,6 +1415,8 @@ int main(int argc, char **argv)
         rv = test_priority();
     else if (strcmp(what, "limits") == 0)
         rv = test_limits();
+    else if (strcmp(what, "close_race") == 0)
+        rv = test_close_race();
     else if (strcmp(what, "timeout") == 0)
         rv = test_timeout();
     else if (strcmp(what, "protocol") == 0)
