@@ -548,20 +548,25 @@ void lnorm_client_close(lnorm_client *c)
     nng_mtx_unlock(c->mtx);
     if (c->keeper)
         nng_thread_destroy(c->keeper); /* (joins it) */
+    /* Every exchange is aborted while the socket is still open, until every
+     * call has completed (with LNORM_ECLOSED) through its callback: a
+     * callback starts nothing new once closing, except the receive that
+     * follows a finished send, which the next round aborts (and with it
+     * the request, should it still wait for a connection). Aborting
+     * resets each context's request before nng_close runs: libnng 1.5.2
+     * can lose a message handed to a connection as it closes. */
     nng_mtx_lock(c->mtx);
+    while (c->ncalls > 0) {
+        size_t nslots = c->nslots; /* (no slot is made once closing) */
+        nng_mtx_unlock(c->mtx);
+        for (size_t i = 0; i < nslots; i++)
+            nng_aio_cancel(c->all_slots[i]->aio);
+        nng_mtx_lock(c->mtx);
+        if (c->ncalls > 0)
+            nng_cv_until(c->cv, nng_clock() + 5);
+    }
+    c->gate_shut = 1;
     while (c->in_nng > 0) /* (see gate_enter) */
-        nng_cv_wait(c->cv);
-    size_t nslots = c->nslots; /* (no slot is made once closing) */
-    nng_mtx_unlock(c->mtx);
-    /* Every exchange is aborted while the socket is still open; the calls
-     * complete (with LNORM_ECLOSED) through their callbacks, which start
-     * nothing new (the gate is shut). Only then is the socket closed:
-     * libnng 1.5.2's nng_close with a context operation still pending can
-     * wait for good (its reaper stuck stopping a connection's receive). */
-    for (size_t i = 0; i < nslots; i++)
-        nng_aio_cancel(c->all_slots[i]->aio);
-    nng_mtx_lock(c->mtx);
-    while (c->ncalls > 0)
         nng_cv_wait(c->cv);
     nng_mtx_unlock(c->mtx);
     await_replies(c);
@@ -736,14 +741,14 @@ static nng_duration send_wait(const lnorm__slot *s)
  * last reference after the closer was told the context is gone, then
  * locks the freed socket's mutex (a panic, seen when a reply completes a
  * call on one thread while the receive that found it returns on another).
- * So once the client is closing no thread enters, and close waits until
- * none is inside before it closes the socket. A refused thread ends its
- * chunk with LNORM_ECLOSED.
+ * So close shuts the gate (once every call has completed), waits until
+ * no thread is inside, and only then closes the socket. A refused thread
+ * ends its chunk with LNORM_ECLOSED.
  */
 static int gate_enter(lnorm_client *c)
 {
     nng_mtx_lock(c->mtx);
-    int open = !c->closing;
+    int open = !c->gate_shut;
     if (open)
         c->in_nng++;
     nng_mtx_unlock(c->mtx);
@@ -753,7 +758,7 @@ static int gate_enter(lnorm_client *c)
 static void gate_leave(lnorm_client *c)
 {
     nng_mtx_lock(c->mtx);
-    if (--c->in_nng == 0 && c->closing)
+    if (--c->in_nng == 0 && c->gate_shut)
         nng_cv_wake(c->cv);
     nng_mtx_unlock(c->mtx);
 }

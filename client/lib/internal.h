@@ -186,7 +186,8 @@ struct lnorm_client {
     nng_mtx *mtx;
     nng_cv *cv;
     int closing;
-    int in_nng;              /* threads inside nng_ctx_send/recv (client.c: gate_enter) */
+    int gate_shut;           /* no more nng_ctx_send/recv (client.c: gate_enter) */
+    int in_nng;              /* threads inside one */
     int ncalls;              /* calls not yet completed */
     uint64_t next_id;
     lnorm__slot *free_slots;
