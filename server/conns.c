@@ -2,11 +2,13 @@
  * progress is seen). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <arpa/inet.h>
 #include <linux/sockios.h>
@@ -408,6 +410,42 @@ static size_t lnorm__tick(lnorm__conns *c, uint32_t *out, int *why, size_t outca
     return nout;
 }
 
+/* Whether fd is still the socket between loc and rem. */
+static int lnorm__fd_is(int fd, const struct sockaddr_storage *loc, const struct sockaddr_storage *rem)
+{
+    struct sockaddr_storage l, r;
+    socklen_t ll = sizeof l, rl = sizeof r;
+    return fd >= 0 && getsockname(fd, (struct sockaddr *)&l, &ll) == 0 && lnorm__same_addr(&l, loc) &&
+           getpeername(fd, (struct sockaddr *)&r, &rl) == 0 && lnorm__same_addr(&r, rem);
+}
+
+void lnorm__conns_close(lnorm__conns *c, uint32_t id)
+{
+    int done = 0;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        lnorm__conn *r = NULL;
+        for (size_t i = 0; i < c->n && !r; i++)
+            if (c->v[i].id == id)
+                r = &c->v[i];
+        if (r && r->kind != CONN_IPC && r->loc.ss_family) {
+            if (!lnorm__fd_is(r->fd, &r->loc, &r->rem)) {
+                r->fd = -1;
+                lnorm__find_fds(c);
+            }
+            /* A duplicate, checked: should NNG close r->fd meanwhile and the
+             * number be reused, the shutdown still reaches this socket only. */
+            int fd = r->fd >= 0 ? fcntl(r->fd, F_DUPFD_CLOEXEC, 0) : -1;
+            done = fd >= 0 && lnorm__fd_is(fd, &r->loc, &r->rem) && shutdown(fd, SHUT_RDWR) == 0;
+            if (fd >= 0)
+                close(fd);
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (!done)
+        nng_pipe_close((nng_pipe){.id = id});
+}
+
 static void *lnorm__watchdog(void *arg)
 {
     lnorm__conns *c = arg;
@@ -431,7 +469,7 @@ static void *lnorm__watchdog(void *arg)
         pthread_mutex_unlock(&c->mu);
         size_t n = lnorm__tick(c, ids, why, sizeof ids / sizeof ids[0]), over = 0;
         for (size_t i = 0; i < n; i++) {
-            nng_pipe_close((nng_pipe){.id = ids[i]});
+            lnorm__conns_close(c, ids[i]);
             over += (size_t)why[i];
         }
         if (n && c->st) {

@@ -42,6 +42,15 @@ int lnorm__conns_watch(lnorm__conns *c, nng_socket sock);
  * 0 when a limit refuses it (counted in /metrics; the caller closes it). */
 int lnorm__conns_admit(lnorm__conns *c, nng_pipe p);
 
+/* Close the connection of pipe id. A tcp:// or tls+tcp:// connection is
+ * shut down at its socket (shutdown(2)), and NNG closes the pipe from its
+ * own receive, which then fails: libnng 1.5.2's nng_pipe_close of a
+ * connection while a message is arriving can drop the read of the rest
+ * unstarted, and its reaper then waits for good (no closed connection of
+ * the process is torn down again, and exit blocks). Others, and a
+ * connection whose socket is not found: nng_pipe_close. */
+void lnorm__conns_close(lnorm__conns *c, uint32_t id);
+
 /* Pipe p is gone (NNG_PIPE_EV_REM_POST); unknown pipes are ignored. */
 void lnorm__conns_removed(lnorm__conns *c, nng_pipe p);
 

@@ -95,7 +95,7 @@ static void lnorm__pipe_handed(lnorm__transport *tp, nng_pipe p)
 static void lnorm__reply_lost(lnorm__transport *tp, nng_pipe p, const char *why)
 {
     if (nng_pipe_id(p) > 0)
-        nng_pipe_close(p);
+        lnorm__conns_close(tp->conns, (uint32_t)nng_pipe_id(p));
     uint64_t now = lnorm__now_ns(), last = atomic_load(&tp->last_drop_log_ns);
     if (now - last >= 1000000000ull && atomic_compare_exchange_strong(&tp->last_drop_log_ns, &last, now))
         LOG_WARN("reply not sent (%s): its connection closed", why);

@@ -31,6 +31,16 @@
  * the limits the same peers reserve 12.8 GB and make 1.1 GB of it
  * resident); the good clients keep getting right answers throughout.
  *
+ * fault.watchdog_streaming (fault_hostile LNORMD stream): the watchdog
+ * closes connections while their bytes are still pouring in. 12 rounds of
+ * 8 peers, each declaring a 64 MiB frame and writing it as fast as lnormd
+ * reads, against --max-receive-bytes 4 MiB: lnormd closes every one of
+ * them within 3 s of its start, and, after the rounds, its connection
+ * count is back where it began within 5 s (every closed connection was
+ * torn down: libnng 1.5.2 can lose a receive of a connection closed as a
+ * message arrives, and its reaper then waits for good), a new client is
+ * served, and lnormd exits 0 on SIGTERM.
+ *
  * fault.hostile_frames_tls: over tls+tcp:// (certificates from
  * scripts/gen-certs.sh), --frame-timeout-ms 1500: 4 peers finish the SP
  * handshake, declare a 64 MiB frame and send 64 KiB of it every 100 ms;
@@ -367,6 +377,96 @@ static int tls_main(const char *lnormd, const char *gen_certs)
     return check_finish("fault.hostile_frames_tls");
 }
 
+#define SROUNDS 12
+#define SPEERS 8
+#define SBUDGET (4 << 20)
+
+static int stream_main(const char *lnormd)
+{
+    char budget[16];
+    snprintf(budget, sizeof budget, "%d", SBUDGET);
+    const char *args[] = {"--backend", "cpu", "--cpu-threads", "2", "--max-receive-bytes", budget,
+                          "--max-connections-per-peer", "256", NULL};
+    td_daemon d;
+    if (td_start(&d, lnormd, NULL, args, TD_ENDPOINTS) != 0)
+        return 1;
+    const int port = atoi(strrchr(d.tcp_url, ':') + 1);
+    double conns0 = td_metric(&d, "lnormd_connections");
+    static uint8_t chunk[1 << 20];
+    memset(chunk, 0x5a, sizeof chunk);
+    int closed = 0, late = 0, taken = 0;
+    uint64_t poured = 0;
+    for (int round = 0; round < SROUNDS; round++) {
+        peer p[SPEERS];
+        int n = 0;
+        for (int i = 0; i < SPEERS; i++) {
+            int fd = connect_from("127.0.0.1", port);
+            if (fd < 0)
+                continue;
+            uint8_t hdr[8];
+            for (int b = 0; b < 8; b++)
+                hdr[b] = (uint8_t)(FRAME_BYTES >> (56 - 8 * b));
+            p[n] = (peer){fd, 1, td_now_ms(), 0, 0};
+            if (send_some(fd, hdr, sizeof hdr) != (long)sizeof hdr)
+                p[n].closed_ms = td_now_ms();
+            n++;
+        }
+        taken += n;
+        const int64_t end = td_now_ms() + 3000;
+        int open = n;
+        while (open > 0 && td_now_ms() < end) {
+            for (int i = 0; i < n; i++) {
+                if (p[i].closed_ms || p[i].sent >= FRAME_BYTES - sizeof chunk)
+                    continue;
+                long w = send_some(p[i].fd, chunk, sizeof chunk);
+                if (w < 0)
+                    p[i].closed_ms = td_now_ms();
+                else
+                    p[i].sent += (uint64_t)w;
+            }
+            reap(p, n, td_now_ms());
+            open = 0;
+            for (int i = 0; i < n; i++)
+                open += !p[i].closed_ms;
+            if (open)
+                td_sleep_ms(1);
+        }
+        for (int i = 0; i < n; i++) {
+            closed += p[i].closed_ms != 0;
+            late += !p[i].closed_ms;
+            poured += p[i].sent;
+            close(p[i].fd);
+        }
+    }
+    double conns = td_wait_metric(&d, "lnormd_connections", conns0, 5000);
+    printf("stream: %d connections over %d rounds, %d closed by lnormd while pouring (%.0f MiB), %d not within 3 s; "
+           "connections %g before, %g after\n",
+           taken, SROUNDS, closed, poured / 1048576.0, late, conns0, conns);
+    CHECK(taken == SROUNDS * SPEERS, "%d of %d connections taken", taken, SROUNDS * SPEERS);
+    CHECK(late == 0, "%d connections pouring past max-receive-bytes were not closed within 3 s", late);
+    CHECK(conns == conns0, "lnormd counts %g connections once every peer is gone (%g before): "
+          "closed connections were not torn down", conns, conns0);
+    double over = td_metric(&d, "lnormd_frames_over_budget_total");
+    CHECK(over >= 1, "/metrics: %g frames over budget", over);
+    int fd = connect_from("127.0.0.9", port);
+    size_t hl;
+    uint8_t *h = fw_pack_health(9, &hl);
+    uint32_t rid = 0;
+    uint8_t *body = NULL;
+    size_t bl = 0;
+    int r = fd >= 0 && fw_sp_send(fd, 9, h, hl) == 0 ? fw_sp_recv(fd, &rid, &body, &bl, 5000) : -1;
+    Lnorm__V1__Response *resp = r == 0 ? fw_unpack(body, bl) : NULL;
+    CHECK(resp && resp->body_case == LNORM__V1__RESPONSE__BODY_HEALTH, "a new connection got no Health reply (%d)", r);
+    if (resp)
+        lnorm__v1__response__free_unpacked(resp, NULL);
+    free(body);
+    free(h);
+    if (fd >= 0)
+        close(fd);
+    td_stop_check(&d, "on SIGTERM");
+    return check_finish("fault.watchdog_streaming");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[2], "tls")) {
@@ -374,8 +474,13 @@ int main(int argc, char **argv)
         td_watchdog(90);
         return tls_main(argv[1], argv[3]);
     }
+    if (argc == 3 && !strcmp(argv[2], "stream")) {
+        signal(SIGPIPE, SIG_IGN);
+        td_watchdog(90);
+        return stream_main(argv[1]);
+    }
     if (argc < 2 || (argc > 2 && strcmp(argv[2], "measure"))) {
-        fprintf(stderr, "usage: %s LNORMD [measure [LNORMD-ARGS...] | tls GEN_CERTS_SH]\n", argv[0]);
+        fprintf(stderr, "usage: %s LNORMD [measure [LNORMD-ARGS...] | stream | tls GEN_CERTS_SH]\n", argv[0]);
         return 2;
     }
     const int measure = argc > 2 && !strcmp(argv[2], "measure");
