@@ -690,7 +690,7 @@ static int open_raw(run *r, char *err, size_t errlen)
     }
     for (int i = 0; i < nurls; i++) {
         if ((rv = nng_dial(r->sock, urls[i], NULL, 0)) != 0) {
-            snprintf(err, errlen, "dial %.300s: %s", urls[i], nng_strerror(rv));
+            snprintf(err, errlen, "dial %.*s: %s", (int)(errlen > 64 ? errlen - 64 : 1), urls[i], nng_strerror(rv));
             return -1;
         }
     }
