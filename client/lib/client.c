@@ -273,6 +273,50 @@ static int hold_server(lnorm_client *c, nng_pipe p)
  * It looks every 100 ms while a URL has no connection or is held, else
  * sleeps until a connection closes or a server is held.
  */
+/* Replies still on their way to c's socket: over its connections (or
+ * only the nonly pipes of only), the requests written less the replies
+ * read (NNG's statistics of each connection; 0 when this NNG keeps none). */
+static uint64_t replies_due(lnorm_client *c, const nng_pipe *only, int nonly)
+{
+    nng_stat *root = NULL;
+    if (nng_stats_get(&root) != 0)
+        return 0;
+    const uint64_t sid = (uint64_t)nng_socket_id(c->sock);
+    uint64_t due = 0;
+    for (nng_stat *p = nng_stat_child(root); p; p = nng_stat_next(p)) {
+        if (strcmp(nng_stat_name(p), "pipe") != 0)
+            continue;
+        nng_stat *sk = nng_stat_find(p, "socket"), *id = nng_stat_find(p, "id");
+        nng_stat *tx = nng_stat_find(p, "tx_msgs"), *rx = nng_stat_find(p, "rx_msgs");
+        if (!sk || !id || !tx || !rx || nng_stat_value(sk) != sid || nng_stat_value(tx) <= nng_stat_value(rx))
+            continue;
+        int listed = only == NULL;
+        for (int i = 0; !listed && i < nonly; i++)
+            listed = (uint64_t)nng_pipe_id(only[i]) == nng_stat_value(id);
+        if (listed)
+            due += nng_stat_value(tx) - nng_stat_value(rx);
+    }
+    nng_stats_free(root);
+    return due;
+}
+
+/*
+ * Before connections are closed (all of them: nng_close; some: the keeper),
+ * let the replies still on their way to them arrive, for at most ms:
+ * libnng 1.5.2 loses a connection's receive when a message is arriving as
+ * the connection closes (the read of its body is dropped unstarted), and
+ * its reaper then waits for good, in every later close of the process.
+ * Replies of aborted calls still come (the server computes them anyway);
+ * a request whose connection dropped has none coming, and the wait ends
+ * at the bound.
+ */
+static void await_replies(lnorm_client *c, const nng_pipe *only, int nonly, int ms)
+{
+    nng_time until = nng_clock() + (nng_time)ms;
+    while (replies_due(c, only, nonly) > 0 && nng_clock() < until)
+        nng_msleep(1);
+}
+
 static void held_resume(lnorm__slot *s);
 
 static void keeper(void *arg)
@@ -302,11 +346,20 @@ static void keeper(void *arg)
                 d->held = 0;
             todo[n++] = i;
         }
-        nng_pipe pipes[LNORM__CLOSE_QUEUE];
-        int np = c->nclose;
+        /* The connections closed now: those queued, and those of the
+         * dialers closed now (close_now). */
+        nng_pipe pipes[LNORM__CLOSE_QUEUE + 64];
+        int np = c->nclose, nwait = np;
         memcpy(pipes, c->close_pipes, (size_t)np * sizeof pipes[0]);
         c->nclose = 0;
+        const int wcap = (int)(sizeof pipes / sizeof pipes[0]);
+        for (size_t k = 0; k < n; k++)
+            for (int j = 0; nng_dialer_id(old[k]) > 0 && j < c->npipes && nwait < wcap; j++)
+                if (c->pipes[j].dial == (int)todo[k])
+                    pipes[nwait++] = (nng_pipe){.id = c->pipes[j].id};
         nng_mtx_unlock(c->mtx);
+        if (nwait > 0)
+            await_replies(c, pipes, nwait, LNORM__PIPE_LINGER_MS);
         for (int k = 0; k < np; k++)
             nng_pipe_close(pipes[k]);
         for (size_t k = 0; k < n; k++) {
@@ -501,43 +554,6 @@ int lnorm_client_open(lnorm_client **out, const char *const *urls, size_t nurls,
     return LNORM_OK;
 }
 
-/* Replies still on their way to c's socket: over its connections, the
- * requests written less the replies read (NNG's statistics of each
- * connection; 0 when this NNG keeps none). */
-static uint64_t replies_due(lnorm_client *c)
-{
-    nng_stat *root = NULL;
-    if (nng_stats_get(&root) != 0)
-        return 0;
-    const uint64_t sid = (uint64_t)nng_socket_id(c->sock);
-    uint64_t due = 0;
-    for (nng_stat *p = nng_stat_child(root); p; p = nng_stat_next(p)) {
-        if (strcmp(nng_stat_name(p), "pipe") != 0)
-            continue;
-        nng_stat *sk = nng_stat_find(p, "socket"), *tx = nng_stat_find(p, "tx_msgs"), *rx = nng_stat_find(p, "rx_msgs");
-        if (sk && tx && rx && nng_stat_value(sk) == sid && nng_stat_value(tx) > nng_stat_value(rx))
-            due += nng_stat_value(tx) - nng_stat_value(rx);
-    }
-    nng_stats_free(root);
-    return due;
-}
-
-/*
- * Before the socket closes, let the replies still on their way arrive, for
- * at most LNORM__CLOSE_LINGER_MS: libnng 1.5.2 loses a connection's
- * receive when a message is arriving as the connection closes (the read of
- * its body is dropped unstarted), and its reaper then waits for good, in
- * nng_close and in every later close of the process. Replies of aborted
- * calls still come (the server computes them anyway); a request whose
- * connection dropped has none coming, and the wait ends at the bound.
- */
-static void await_replies(lnorm_client *c)
-{
-    nng_time until = nng_clock() + LNORM__CLOSE_LINGER_MS;
-    while (replies_due(c) > 0 && nng_clock() < until)
-        nng_msleep(1);
-}
-
 void lnorm_client_close(lnorm_client *c)
 {
     if (!c)
@@ -569,7 +585,7 @@ void lnorm_client_close(lnorm_client *c)
     while (c->in_nng > 0) /* (see gate_enter) */
         nng_cv_wait(c->cv);
     nng_mtx_unlock(c->mtx);
-    await_replies(c);
+    await_replies(c, NULL, 0, LNORM__CLOSE_LINGER_MS);
     nng_close(c->sock);
     lnorm__probe_fini(c);
     for (size_t i = 0; i < c->nslots; i++) {

@@ -146,6 +146,9 @@ typedef struct lnorm__pipe_rec {
 /* The longest lnorm_client_close waits for replies still on their way
  * (client.c: await_replies). */
 #define LNORM__CLOSE_LINGER_MS 1000
+/* The longest the keeper waits for replies due on connections it closes
+ * (a server answering UNAVAILABLE answers the rest at once). */
+#define LNORM__PIPE_LINGER_MS 250
 
 /* Connections (of no known URL) waiting for the keeper to close them. */
 #define LNORM__CLOSE_QUEUE 16
