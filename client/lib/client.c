@@ -255,24 +255,6 @@ static int hold_server(lnorm_client *c, nng_pipe p)
     return left > 0 ? left : 0;
 }
 
-/*
- * The keeper: a thread of the client that makes every change to its
- * dialers and connections, never from NNG's own threads (libnng 1.5.2 can
- * leave nng_close waiting for good when a connection of the socket was
- * closed from inside one of its aio callbacks). It
- *  - closes the dialer of a URL put on hold (hold_server) and dials it
- *    again once the hold is over;
- *  - replaces the dialer of a URL that has had no connection for
- *    redial_ms: libnng 1.5.2's dialer stops for good when a connect fails
- *    with NNG_ECLOSED, which is what writing the SP header gives when the
- *    server was killed between accepting and reading it (the kernel
- *    releases a killed process's connections before its listening
- *    socket, so an immediate redial can land there), and that URL would
- *    never connect again. A replaced dialer that was only waiting for its
- *    server costs one early connect attempt.
- * It looks every 100 ms while a URL has no connection or is held, else
- * sleeps until a connection closes or a server is held.
- */
 /* Replies still on their way to c's socket: over its connections (or
  * only the nonly pipes of only), the requests written less the replies
  * read (NNG's statistics of each connection; 0 when this NNG keeps none). */
@@ -317,6 +299,25 @@ static void await_replies(lnorm_client *c, const nng_pipe *only, int nonly, int 
         nng_msleep(1);
 }
 
+/*
+ * The keeper: a thread of the client that makes every change to its
+ * dialers and connections, never from NNG's own threads (libnng 1.5.2 can
+ * leave nng_close waiting for good when a connection of the socket was
+ * closed from inside one of its aio callbacks). It
+ *  - closes the dialer of a URL put on hold (hold_server) and dials it
+ *    again once the hold is over;
+ *  - replaces the dialer of a URL that has had no connection for
+ *    redial_ms: libnng 1.5.2's dialer stops for good when a connect fails
+ *    with NNG_ECLOSED, which is what writing the SP header gives when the
+ *    server was killed between accepting and reading it (the kernel
+ *    releases a killed process's connections before its listening
+ *    socket, so an immediate redial can land there), and that URL would
+ *    never connect again. A replaced dialer that was only waiting for its
+ *    server costs one early connect attempt.
+ * Before it closes connections it lets the replies due on them arrive
+ * (await_replies). It looks every 100 ms while a URL has no connection or
+ * is held, else sleeps until a connection closes or a server is held.
+ */
 static void held_resume(lnorm__slot *s);
 
 static void keeper(void *arg)
