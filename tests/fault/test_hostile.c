@@ -161,6 +161,29 @@ static void reap(peer *p, int n, int64_t now)
     }
 }
 
+/* Ask Health (request id) on the raw SP connection fd: 0 when it answers
+ * OK within 5 s, -1 when nothing comes, 1 when something else comes. */
+static int health(int fd, uint32_t id)
+{
+    size_t hl;
+    uint8_t *h = fw_pack_health(id, &hl);
+    uint32_t rid = 0;
+    uint8_t *body = NULL;
+    size_t bl = 0;
+    int r = fd >= 0 && fw_sp_send(fd, id, h, hl) == 0 ? fw_sp_recv(fd, &rid, &body, &bl, 5000) : -1;
+    Lnorm__V1__Response *resp = r == 0 ? fw_unpack(body, bl) : NULL;
+    if (r == 0)
+        r = resp && (!resp->status || resp->status->code == 0) &&
+                    resp->body_case == LNORM__V1__RESPONSE__BODY_HEALTH
+                ? 0
+                : 1;
+    if (resp)
+        lnorm__v1__response__free_unpacked(resp, NULL);
+    free(body);
+    free(h);
+    return r;
+}
+
 static void st_done(void *arg)
 {
     atomic_store((atomic_int *)arg, 1);
@@ -449,18 +472,8 @@ static int stream_main(const char *lnormd)
     double over = td_metric(&d, "lnormd_frames_over_budget_total");
     CHECK(over >= 1, "/metrics: %g frames over budget", over);
     int fd = connect_from("127.0.0.9", port);
-    size_t hl;
-    uint8_t *h = fw_pack_health(9, &hl);
-    uint32_t rid = 0;
-    uint8_t *body = NULL;
-    size_t bl = 0;
-    int r = fd >= 0 && fw_sp_send(fd, 9, h, hl) == 0 ? fw_sp_recv(fd, &rid, &body, &bl, 5000) : -1;
-    Lnorm__V1__Response *resp = r == 0 ? fw_unpack(body, bl) : NULL;
-    CHECK(resp && resp->body_case == LNORM__V1__RESPONSE__BODY_HEALTH, "a new connection got no Health reply (%d)", r);
-    if (resp)
-        lnorm__v1__response__free_unpacked(resp, NULL);
-    free(body);
-    free(h);
+    int r = health(fd, 9);
+    CHECK(r == 0, "a new connection got no Health reply (%d)", r);
     if (fd >= 0)
         close(fd);
     td_stop_check(&d, "on SIGTERM");
@@ -623,19 +636,8 @@ int main(int argc, char **argv)
 #endif
         CHECK(st1.ok - st0.ok >= 5, "good clients made %ld replies in %d ms", st1.ok - st0.ok, HOLD_MS);
         /* The idle connection was left alone: it is served now. */
-        size_t hl;
-        uint8_t *h = fw_pack_health(7, &hl);
-        uint32_t rid = 0;
-        uint8_t *body = NULL;
-        size_t bl = 0;
-        int r = idle >= 0 && fw_sp_send(idle, 7, h, hl) == 0 ? fw_sp_recv(idle, &rid, &body, &bl, 5000) : -1;
-        Lnorm__V1__Response *resp = r == 0 ? fw_unpack(body, bl) : NULL;
-        CHECK(resp && (!resp->status || resp->status->code == 0) &&
-                  resp->body_case == LNORM__V1__RESPONSE__BODY_HEALTH, "the idle connection got no Health reply (%d)", r);
-        if (resp)
-            lnorm__v1__response__free_unpacked(resp, NULL);
-        free(body);
-        free(h);
+        int r = health(idle, 7);
+        CHECK(r == 0, "the idle connection got no Health reply (%d)", r);
     }
     for (int i = 0; i < n; i++)
         close(p[i].fd);
