@@ -48,7 +48,7 @@ template <int TPR> struct BwdShape {
     static constexpr int block = TPR < 128 ? 128 : TPR;
     static constexpr int min_blocks = 1024 / block;
     static constexpr int smem = 2 * LNORM__BWD_COLS * 4 * block;
-    static constexpr int smem_fast = smem + 2 * 2 * 16 * (LNORM__BWD_COLS / 4) * block; /* + stages, room for f32 */
+    static constexpr int smem_fast = smem + 2 * 2 * 16 * (LNORM__BWD_COLS / 4) * block; /* + k_bwd's NST stages */
 };
 
 template <typename T> struct DtypeOf;
@@ -112,10 +112,10 @@ __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-/* Wait for every group but the newest. */
-__device__ __forceinline__ void cp_async_wait1()
+/* Wait for every group but the N newest. */
+template <int N> __device__ __forceinline__ void cp_async_wait()
 {
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 /* The partial sums' last step: dx of one element from its g = dy * gamma
@@ -136,27 +136,37 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
     constexpr int NC = LNORM__BWD_COLS;
     constexpr int NCH = NC / VEC;
     constexpr int XDT = DtypeOf<TX>::value;
+    /* FAST: stages of the pipeline, NST - 1 rows of a slot in flight while
+     * one is reduced. The stage memory (BwdShape::smem_fast) holds 4 / NCH
+     * of them: 4 for 16-bit x, 2 for f32. Why: a row's reduction is short
+     * beside HBM latency, so a CTA streams at its bytes in flight (2 stages,
+     * 32 KB an SM: bf16 0.4-0.6 of copy, f32 at 64 KB 0.7-0.8, H200). */
+    constexpr int NST = 4 / NCH;
+    static_assert(NCH * NST * 2 * 16 * BLOCK + 2 * NC * 4 * BLOCK <= BwdShape<TPR>::smem_fast, "stages fit");
     __shared__ float red[2][BLOCK / 32];
+    __shared__ float2 red2[2][BLOCK / 32];
     __shared__ ClusterRed<CL, BLOCK / 32> cr;
+    __shared__ ClusterRed2<CL, BLOCK / 32> cr2;
     /* The accumulators of dgamma (quads 0 .. NC/4 - 1) and dbeta (the next
      * NC/4) of thread tid: quad q at acc[q * BLOCK + tid] (16-byte
      * accesses, consecutive threads consecutive addresses). */
     extern __shared__ float4 acc[];
     constexpr int NQ = NC / 4;
-    /* FAST: the stages of x and dy after the accumulators, [2][2][NCH]
+    /* FAST: the stages of x and dy after the accumulators, [NST][2][NCH]
      * 16-byte slots a thread at stg[((st * 2 + tensor) * NCH + j) * BLOCK +
      * tid], each filled and read by its own thread (cp.async) */
     uint4 *stg = reinterpret_cast<uint4 *>(acc + 2 * NQ * BLOCK);
-    void *cred = &cr;
+    void *cred = &cr, *cred2 = &cr2;
     const int tid = (int)threadIdx.x;
     const int slot = tid / TPR, t = tid % TPR;
     int rank = 0;
     if constexpr (CL > 1) {
         rank = (int)cg::this_cluster().block_rank();
         cluster_red_init(&cr);
+        cluster_red_init(&cr2);
         cg::this_cluster().sync();
     }
-    int par = 0;
+    int par = 0, par2 = 0; /* group_sum's and group_sum2's counts */
     const int64_t ncl = gridDim.x / CL;
     for (int64_t gi = blockIdx.x / CL; gi < p.total; gi += ncl) {
         const lnorm__bseg *s = find_bseg(p, gi, false);
@@ -222,8 +232,11 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
         };
         fetch_stats(r0 + slot);
         if constexpr (FAST) {
-            fetch(r0 + slot, 0);
-            cp_async_commit();
+#pragma unroll
+            for (int st = 0; st < NST - 1; st++) {
+                fetch(r0 + (int64_t)st * RPC + slot, st);
+                cp_async_commit();
+            }
         }
         for (int it = 0; it < nit; it++) {
             const int64_t r = r0 + (int64_t)it * RPC + slot;
@@ -233,15 +246,17 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
             if (it + 1 < nit)
                 fetch_stats(r + RPC);
             if constexpr (FAST) {
-                /* the next row in flight while this one is reduced */
-                if (it + 1 < nit)
-                    fetch(r + RPC, (it + 1) & 1);
+                /* the row NST - 1 ahead into the stage read last time
+                 * (fetch skips rows past the group; the empty commit keeps
+                 * the count), then wait for this row's */
+                fetch(r + (int64_t)(NST - 1) * RPC, (it + NST - 1) % NST);
                 cp_async_commit();
-                cp_async_wait1();
+                cp_async_wait<NST - 1>();
+                const int st = it % NST;
 #pragma unroll
                 for (int j = 0; j < NCH; j++) {
-                    xn[j] = stg[(((it & 1) * 2 + 0) * NCH + j) * BLOCK + tid];
-                    dn[j] = stg[(((it & 1) * 2 + 1) * NCH + j) * BLOCK + tid];
+                    xn[j] = stg[((st * 2 + 0) * NCH + j) * BLOCK + tid];
+                    dn[j] = stg[((st * 2 + 1) * NCH + j) * BLOCK + tid];
                 }
             } else {
 #pragma unroll
@@ -372,11 +387,14 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                     b = in ? __fmaf_rn(dyf[j][k], xf[j][k], b) : b;
                 }
             if (!rms) {
-                a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
+                const float2 ab = group_sum2<TPR, BLOCK, CL>(make_float2(a, b), red2, cred2, rank, par2);
+                par2++;
+                a = ab.x;
+                b = ab.y;
+            } else {
+                b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
                 par++;
             }
-            b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
-            par++;
             if (!active)
                 continue; /* nothing below synchronizes */
             const float ma = rms ? 0.0f : a / fH;
