@@ -4,6 +4,7 @@
 # root, bundle from scripts/device-pack.sh: OUT=dir scripts/device-ncu.sh [bundle] [op:dtype:H ...]
 # NCU_PEERS=1: a few metrics of lnormd's kernel beside torch.compile's (ncu-peers.csv);
 # LNORM_TUNE="name=value,..." adds a launch of lnormd with those settings (bench/gpu/ncu_peers.py).
+# NCU_BWD=1: the backward kernels instead (ncu-bwd.csv).
 set -u
 PACK=${1:-.devpack/lnorm-sm90.tar.xz}
 shift || true
@@ -19,6 +20,19 @@ if [ "${NCU_PEERS:-0}" = 1 ]; then
     python3 bench/gpu/ncu_peers.py "$W/b/kernels/cuda/liblnorm_cuda_bench.so" "$@" >"$OUT/ncu-peers.csv" 2>"$OUT/ncu-peers.err"
   rc=$?
   tail -n 5 "$OUT/ncu-peers.err"
+  rm -rf "$W"
+  exit $rc
+fi
+if [ "${NCU_BWD:-0}" = 1 ]; then
+  # The backward kernels (bench/gpu/ncu_bwd.py; cases op:dtype:H), with the warp-stall sampling
+  # by instruction (SourceCounters).
+  timeout 400 ncu --target-processes all --clock-control none -k regex:'k_bwd' --launch-count 16 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section LaunchStats --section SchedulerStats --section SourceCounters \
+    --csv --page details \
+    python3 bench/gpu/ncu_bwd.py "$W/b/kernels/cuda/liblnorm_cuda_bench.so" "$@" >"$OUT/ncu-bwd.csv" 2>"$OUT/ncu-bwd.err"
+  rc=$?
+  tail -n 5 "$OUT/ncu-bwd.err"
   rm -rf "$W"
   exit $rc
 fi
