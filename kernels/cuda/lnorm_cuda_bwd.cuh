@@ -14,14 +14,14 @@
  *
  * Column mapping (as the forward's, lnorm_cuda_io.cuh): chunk j of thread
  * t of CTA rank k covers columns [c * VEC, c * VEC + VEC),
- * c = (k * NCH + j) * TPR + t; NCH * VEC = 8 columns a thread (one
- * 16-byte chunk of 16-bit x, two of f32), whose dgamma and dbeta
+ * c = (k * NCH + j) * TPR + t; NCH * VEC = 16 columns a thread (two
+ * 16-byte chunks of 16-bit x, four of f32), whose dgamma and dbeta
  * accumulators stay in registers over the group's rows. Small tiers hold
  * RPC = BLOCK / TPR rows a CTA at once (row slot = thread / TPR, the
  * group's rows r0 + slot, r0 + slot + RPC, ...); the slots' accumulators
  * are added in slot order at the end of the group.
  *
- * A row: x and dy are read once (the next row of the slot is loaded while
+ * A row: x and dy are read once (the next rows of the slot are loaded while
  * this one is reduced), converted to fp32; statistics are recomputed where
  * not given (and always with eps outside the sqrt, for sigma) with the
  * forward's formulas (shift K = x[0], centred variance, the rescue of
@@ -41,14 +41,19 @@ namespace lnorm_cuda {
 
 namespace cg = cooperative_groups;
 
-/* Threads of a backward CTA: TPR, at least 128 (several rows a CTA); at
- * most 64 registers a thread (1024 threads an SM). smem: bytes of dynamic
- * shared memory, the dgamma/dbeta accumulators of every thread. */
+/* Threads of a backward CTA: TPR, at least 128 (several rows a CTA); 512
+ * threads an SM at most 128 registers each, which hold a thread's x and dy
+ * chunks and its 2 * LNORM__BWD_COLS dgamma/dbeta accumulators. smem:
+ * bytes of dynamic shared memory; the accumulators of every thread at the
+ * end of a group (to add the row slots of a CTA), and for FAST the stages,
+ * LNORM__BWD_STAGE_BYTES a thread (which the accumulators then reuse). */
 template <int TPR> struct BwdShape {
     static constexpr int block = TPR < 128 ? 128 : TPR;
-    static constexpr int min_blocks = 1024 / block;
-    static constexpr int smem = 2 * LNORM__BWD_COLS * 4 * block;
-    static constexpr int smem_fast = smem + 2 * 2 * 16 * (LNORM__BWD_COLS / 4) * block; /* + k_bwd's NST stages */
+    static constexpr int min_blocks = LNORM__BWD_SM_THREADS / block;
+    static constexpr int acc_bytes = 2 * LNORM__BWD_COLS * 4 * block;
+    static constexpr int smem = block > TPR ? acc_bytes : 0;
+    static constexpr int smem_fast = LNORM__BWD_STAGE_BYTES * block;
+    static_assert(smem_fast >= acc_bytes, "the accumulators fit in the stages");
 };
 
 template <typename T> struct DtypeOf;
@@ -137,25 +142,29 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
     constexpr int NCH = NC / VEC;
     constexpr int XDT = DtypeOf<TX>::value;
     /* FAST: stages of the pipeline, NST - 1 rows of a slot in flight while
-     * one is reduced. The stage memory (BwdShape::smem_fast) holds 4 / NCH
-     * of them: 4 for 16-bit x, 2 for f32. Why: a row's reduction is short
-     * beside HBM latency, so a CTA streams at its bytes in flight (2 stages,
-     * 32 KB an SM: bf16 0.4-0.6 of copy, f32 at 64 KB 0.7-0.8, H200). */
-    constexpr int NST = 4 / NCH;
-    static_assert(NCH * NST * 2 * 16 * BLOCK + 2 * NC * 4 * BLOCK <= BwdShape<TPR>::smem_fast, "stages fit");
+     * one is reduced: as many as LNORM__BWD_STAGE_BYTES holds (16-bit x 6,
+     * f32 3). */
+    constexpr int NST = LNORM__BWD_STAGE_BYTES / (2 * NCH * 16);
+    static_assert(NST >= 2, "two stages at least");
     __shared__ float red[2][BLOCK / 32];
     __shared__ float2 red2[2][BLOCK / 32];
     __shared__ ClusterRed<CL, BLOCK / 32> cr;
     __shared__ ClusterRed2<CL, BLOCK / 32> cr2;
     /* The accumulators of dgamma (quads 0 .. NC/4 - 1) and dbeta (the next
-     * NC/4) of thread tid: quad q at acc[q * BLOCK + tid] (16-byte
-     * accesses, consecutive threads consecutive addresses). */
-    extern __shared__ float4 acc[];
+     * NC/4) of this thread, in registers over the group's rows; at the end
+     * of a group of a CTA of several row slots, quad q of thread tid goes
+     * to dump[q * BLOCK + tid] (16-byte accesses, consecutive threads
+     * consecutive addresses) for slot 0 to add. */
+    extern __shared__ uint4 dsm[];
     constexpr int NQ = NC / 4;
-    /* FAST: the stages of x and dy after the accumulators, [NST][2][NCH]
-     * 16-byte slots a thread at stg[((st * 2 + tensor) * NCH + j) * BLOCK +
-     * tid], each filled and read by its own thread (cp.async) */
-    uint4 *stg = reinterpret_cast<uint4 *>(acc + 2 * NQ * BLOCK);
+    float4 acc[2 * NQ];
+    float4 *dump = reinterpret_cast<float4 *>(dsm);
+    /* FAST: the stages of x and dy, [NST][2][NCH] 16-byte slots a thread at
+     * stg[((st * 2 + tensor) * NCH + j) * BLOCK + tid], each filled and
+     * read by its own thread (cp.async). (The rows' given rstd and mean
+     * staged the same way, 4-byte copies a thread, ran 5-20% slower than
+     * loading them into registers a row ahead; H200.) */
+    uint4 *stg = dsm;
     void *cred = &cr, *cred2 = &cr2;
     const int tid = (int)threadIdx.x;
     const int slot = tid / TPR, t = tid % TPR;
@@ -190,7 +199,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
         const bool pf32 = sizeof(TX) != 4 && s->param_dtype == LNORM_DTYPE_F32;
 #pragma unroll
         for (int q = 0; q < 2 * NQ; q++)
-            acc[q * BLOCK + tid] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            acc[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         uint4 xn[NCH], dn[NCH];
         /* The row's chunks: FAST, copied into the stage st by cp.async
          * (whole aligned chunks, those past H zero-filled), else loaded
@@ -360,7 +369,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
 #pragma unroll
                     for (int k4 = 0; k4 < VEC; k4 += 4) {
                         const int q = (j * VEC + k4) / 4;
-                        float4 vg = acc[q * BLOCK + tid], vb = acc[(NQ + q) * BLOCK + tid];
+                        float4 vg = acc[q], vb = acc[NQ + q];
                         vg.x = __fmaf_rn(dyf[j][k4], xf[j][k4], vg.x);
                         vg.y = __fmaf_rn(dyf[j][k4 + 1], xf[j][k4 + 1], vg.y);
                         vg.z = __fmaf_rn(dyf[j][k4 + 2], xf[j][k4 + 2], vg.z);
@@ -369,8 +378,8 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                         vb.y = __fadd_rn(vb.y, dyf[j][k4 + 1]);
                         vb.z = __fadd_rn(vb.z, dyf[j][k4 + 2]);
                         vb.w = __fadd_rn(vb.w, dyf[j][k4 + 3]);
-                        acc[q * BLOCK + tid] = vg;
-                        acc[(NQ + q) * BLOCK + tid] = vb;
+                        acc[q] = vg;
+                        acc[NQ + q] = vb;
                     }
                 }
 #pragma unroll
@@ -427,17 +436,23 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
             }
         }
         /* The group's partial sums: the row slots' accumulators in slot
-         * order, then one store a column. */
-        if constexpr (RPC > 1)
+         * order (through dump, over the stages: every thread's copies have
+         * landed and been read by now), then one store a column. */
+        if constexpr (RPC > 1) {
             __syncthreads();
+#pragma unroll
+            for (int q = 0; q < 2 * NQ; q++)
+                dump[q * BLOCK + tid] = acc[q];
+            __syncthreads();
+        }
         if (slot == 0) {
             float *pg = s->pdg ? s->pdg + g * H : nullptr;
             float *pb = s->pdb ? s->pdb + g * H : nullptr;
 #pragma unroll
             for (int q = 0; q < 2 * NQ; q++) {
-                float4 v = acc[q * BLOCK + t];
+                float4 v = acc[q];
                 for (int sl = 1; sl < RPC; sl++) {
-                    const float4 u = acc[q * BLOCK + sl * TPR + t];
+                    const float4 u = dump[q * BLOCK + sl * TPR + t];
                     v.x = __fadd_rn(v.x, u.x);
                     v.y = __fadd_rn(v.y, u.y);
                     v.z = __fadd_rn(v.z, u.z);
@@ -456,7 +471,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
             }
         }
         if constexpr (RPC > 1)
-            __syncthreads(); /* before the next group's zeroing */
+            __syncthreads(); /* dump read before the next group's stages fill */
     }
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while a peer may still store into it */
@@ -631,7 +646,9 @@ static cudaError_t launch_bwd_reg(const lnorm__bparams *p, cudaStream_t st)
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess)
         return e;
-    if (SMEM > 48 * 1024 && (dev >= 64 || !attr_set[dev])) {
+    /* The opt-in whenever the dynamic memory is large: with the static
+     * (reductions) it may pass 48 KiB even when the dynamic part does not. */
+    if (SMEM >= 32 * 1024 && (dev >= 64 || !attr_set[dev])) {
         e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (e != cudaSuccess)
             return e;
@@ -686,11 +703,10 @@ template <typename TX> static int launch_bwd_tier(int tier, bool fast, const lno
         LNORM__BCASE(7, 128, 1)
         LNORM__BCASE(8, 256, 1)
         LNORM__BCASE(9, 512, 1)
-        LNORM__BCASE(10, 1024, 1)
-        LNORM__BCASE(11, 1024, 2)
-        LNORM__BCASE(12, 1024, 4)
-        LNORM__BCASE(13, 1024, 8)
-        LNORM__BCASE(14, 1024, 16)
+        LNORM__BCASE(10, 512, 2)
+        LNORM__BCASE(11, 512, 4)
+        LNORM__BCASE(12, 512, 8)
+        LNORM__BCASE(13, 512, 16)
 #undef LNORM__BCASE
     case LNORM__BWD_NTIERS:
         return (int)launch_bwd_stream<TX>(p, st);

@@ -62,15 +62,24 @@ typedef struct lnorm__bparams {
 /* Columns a CTA of k_bwd_reduce sums (one a lane of each of its warps). */
 #define LNORM__BWD_RCOLS 32
 
-/* The backward tiers, by hidden size: every thread holds 8 columns of a row
- * (one 16-byte chunk of 16-bit x, two of f32 x) and its 8 dgamma and 8
- * dbeta accumulators in registers; TPR threads a row, CL CTAs a row (a
- * thread-block cluster). Tier i < 11: TPR = 2^i, CL = 1 (H <= 8192); tiers
- * 11-14: TPR = 1024, CL = 2, 4, 8, 16 (H <= 131072); tier 15 streams the
- * row (one 1024-thread CTA a row group, rows read from global memory in
- * every pass). */
-#define LNORM__BWD_NTIERS 15 /* register tiers; tier 15 streams */
-#define LNORM__BWD_COLS 8    /* columns a thread */
+/* The backward tiers, by hidden size: every thread holds 16 columns of a
+ * row (two 16-byte chunks of 16-bit x, four of f32 x) and its 16 dgamma
+ * and 16 dbeta accumulators in registers; TPR threads a row, CL CTAs a row
+ * (a thread-block cluster). Tier i < 10: TPR = 2^i, CL = 1 (H <= 8192);
+ * tiers 10-13: TPR = 512, CL = 2, 4, 8, 16 (H <= 131072); tier 14 streams
+ * the row (one 1024-thread CTA a row group, rows read from global memory in
+ * every pass). Why 16 columns: every row costs its CTA (cluster) a
+ * reduction, whose barriers stall the row's threads; with 8 columns a
+ * thread (1024 threads a row of 8192) bf16 ran at 0.4-0.6 of copy whatever
+ * the bytes in flight (2 or 4 stages alike, H200). */
+#define LNORM__BWD_NTIERS 14   /* register tiers; tier 14 streams */
+#define LNORM__BWD_COLS 16     /* columns a thread */
+#define LNORM__BWD_CTA_TIERS 10 /* tiers of one CTA a row: TPR = 1 .. 512 */
+#define LNORM__BWD_TPR_MAX 512 /* threads a CTA in the cluster tiers */
+/* Threads an SM (128 registers each) and shared-memory stage bytes a
+ * thread of the fast form (16-bit x: 6 stages, f32: 3; 192 KiB an SM). */
+#define LNORM__BWD_SM_THREADS 512
+#define LNORM__BWD_STAGE_BYTES 384
 
 /* Cap on the CTAs (clusters) of a main backward launch, 0 = one a row
  * group (lnorm_cuda_set_tuning "bwd_grid"); never changes the bits. */

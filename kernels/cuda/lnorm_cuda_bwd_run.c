@@ -21,16 +21,16 @@ static size_t lnorm__bwd_align(size_t n)
 /* Threads a row (TPR) and CTAs a row (CL) of a register tier. */
 static void lnorm__bwd_shape(int tier, int *tpr, int *cl)
 {
-    *tpr = tier <= 10 ? 1 << tier : 1024;
-    *cl = tier <= 10 ? 1 : 1 << (tier - 10);
+    *tpr = tier < LNORM__BWD_CTA_TIERS ? 1 << tier : LNORM__BWD_TPR_MAX;
+    *cl = tier < LNORM__BWD_CTA_TIERS ? 1 : 1 << (tier - LNORM__BWD_CTA_TIERS + 1);
 }
 
 int lnorm_cuda_bwd_tier(int x_dtype, int64_t hidden, const char **desc)
 {
     static const char *const names[LNORM__BWD_NTIERS + 1] = {
-        "bwd1cl1",    "bwd2cl1",    "bwd4cl1",    "bwd8cl1",    "bwd16cl1",   "bwd32cl1",
-        "bwd64cl1",   "bwd128cl1",  "bwd256cl1",  "bwd512cl1",  "bwd1024cl1", "bwd1024cl2",
-        "bwd1024cl4", "bwd1024cl8", "bwd1024cl16", "bwdstream1024"};
+        "bwd1cl1",   "bwd2cl1",   "bwd4cl1",   "bwd8cl1",    "bwd16cl1",     "bwd32cl1",
+        "bwd64cl1",  "bwd128cl1", "bwd256cl1", "bwd512cl1",  "bwd512cl2",    "bwd512cl4",
+        "bwd512cl8", "bwd512cl16", "bwdstream1024"};
     if (!lnorm_dtype_size(x_dtype) || hidden < 1)
         return -1;
     int t = LNORM__BWD_NTIERS;

@@ -99,7 +99,7 @@ static void check_tiers(void)
                     prev = (int64_t)tpr * cl * LNORM__BWD_COLS;
                 }
                 char want[32];
-                snprintf(want, sizeof want, "bwd%dcl%d", t <= 10 ? 1 << t : 1024, t <= 10 ? 1 : 1 << (t - 10));
+                snprintf(want, sizeof want, "bwd%dcl%d", t < 10 ? 1 << t : 512, t < 10 ? 1 : 1 << (t - 9));
                 CHECK(desc && !strcmp(desc, want), "H=%lld: tier %d desc %s, want %s", (long long)hs[i], t,
                       desc ? desc : "(null)", want);
                 CHECK(hs[i] <= cap && hs[i] > prev, "H=%lld: tier %d holds %lld, the one before %lld",
