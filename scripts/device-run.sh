@@ -6,7 +6,8 @@
 # inside the CUDA backend, no transport), and leave at most 8 files in $OUT
 # (the serving files and backend-bench.json / .log are bundled as serve.tgz).
 # Usage (device, repository root):
-#   OUT=dir scripts/device-run.sh [bundle] [gpu-steps] [serve: 1|0] [backend-bench: 1|0]
+#   OUT=dir scripts/device-run.sh [bundle] [gpu-steps|none] [serve: 1|0] [backend-bench: 1|0]
+# (a bundle holds the gpu part or the serve part: scripts/device-pack.sh)
 set -u
 PACK=${1:-.devpack/lnorm-sm90.tar.xz}
 STEPS=${2:-test,backend,san,bench}
