@@ -1,11 +1,10 @@
-"""Launch lnormd's backward kernels once each, for Nsight Compute (scripts/device-ncu.sh bwd).
+"""Launch lnormd's backward kernels once each, for Nsight Compute (NCU_BWD=1 scripts/device-ncu.sh).
 
 Cases: op, dtype, H at N x H = 2^26 (as bench/kernels.py --bwd), mean/rstd from lnormd's
 forward, dgamma (and dbeta for LayerNorm) asked for; each case launched twice (a warm-up,
 then the same launch again).
 Usage: python3 bench/gpu/ncu_bwd.py LIB [op:dtype:H ...]
 """
-import ctypes
 import os
 import sys
 
