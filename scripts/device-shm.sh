@@ -8,8 +8,9 @@
 #     --transport ring batched and unbatched (max-batch-rows 1), and the
 #     socket (raw driver) batched;
 #   - CUDA IPC: lnorm-ipc-bench against a running lnormd (checks vs float64,
-#     then 8 MiB, 256 MiB and 1 GiB bf16 tensors end to end beside a device
-#     copy and the same kernel in the client; IPC_ROWS: rows of 4096).
+#     then 8 MiB, 256 MiB and 1 GiB bf16 tensors end to end, one request at a
+#     time and IPC_CONC (default 4) in flight, beside a device copy and the
+#     same kernel in the client; IPC_ROWS: rows of 4096).
 # Binaries in one folder ($1, default .devserve): static lnormd, lnorm-bench,
 # lnorm-ipc-bench (cmake --build build-sm90 --target lnormd lnorm-bench
 # lnorm-ipc-bench) and lnorm_commit.txt. Run from the repository root:
@@ -70,7 +71,7 @@ P=$!
 for _ in $(seq 1 200); do [ -f "$D/ready" ] && break; sleep 0.1; done
 for rows in ${IPC_ROWS:-1024 32768 131072}; do
   timeout 120 "$BIN/lnorm-ipc-bench" --url "ipc://$D/l.sock" --rows "$rows" --hidden 4096 --dtype bf16 --iters 50 \
-    --json "$TMP/cuda-ipc-$rows.json"
+    --concurrency "${IPC_CONC:-4}" --json "$TMP/cuda-ipc-$rows.json"
 done
 echo "(cuda-ipc: rc=$?)"
 kill -TERM "$P"

@@ -13,7 +13,9 @@ import sys
 def rows(d):
     if d.get("bench") == "cuda-ipc":
         keep = ("rows", "hidden", "dtype", "us_per_request", "server_compute_us", "gbps_x_plus_y",
-                "device_copy_gbps", "kernel_in_process_gbps", "ratio_to_copy", "checks_failed")
+                "device_copy_gbps", "kernel_in_process_gbps", "ratio_to_copy", "concurrency",
+                "pipelined_us_per_request", "pipelined_server_compute_us", "pipelined_gbps_x_plus_y",
+                "pipelined_ratio_to_copy", "checks_failed")
         yield dict({"mode": "cuda-ipc"}, **{k: d[k] for k in keep if k in d})
         return
     tags = d.get("tags", {})
@@ -39,7 +41,7 @@ def main():
         "commit": first.get("commit", "unknown"),
         "note": "large: f32 LayerNorm rows x 4096, GB/s of x + y; ring/socket: 1 x 4096 bf16 from 16 client "
                 "processes, requests in flight in all as concurrency; cuda-ipc: bf16 RMSNorm on GPU memory, one "
-                "request at a time, beside a device-to-device copy and the same kernel in the client process",
+                "request at a time and (pipelined_*) concurrency in flight, beside a device-to-device copy and the same kernel in the client process",
         "summary": [row for d in runs for row in rows(d)],
         "runs": runs,
     }

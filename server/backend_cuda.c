@@ -150,10 +150,6 @@ typedef struct lnorm__cuda_gpu {
     int sync_ok;           /* mu, cvs initialised */
     int worker_started, completer_started;
     pthread_t worker, completer;
-    /* Jobs on device memory (CUDA IPC regions): run one at a time on their
-     * own stream, by the thread that submits them. */
-    pthread_mutex_t dev_mu;
-    cudaStream_t dev_stream;   /* NULL until the first such job */
 } lnorm__cuda_gpu;
 
 struct lnorm__cuda_be {
@@ -462,6 +458,19 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
     }
     if (b->nsegs == 0 && bb->nsegs == 0)
         return LNORM_OK;
+    if (job->on_device) {
+        /* Every pointer is already memory of this GPU: the kernels run
+         * where the tensors lie, on the slot's stream, so that one job's
+         * launch overlaps the reply and the next request of another. */
+        for (size_t i = 0; i < b->nsegs; i++) {
+            int rc = lnorm_cuda_run_segment(&b->segs[i], sl->stream, &sl->why);
+            if (rc)
+                return rc;
+        }
+        LNORM__CK(cudaEventRecord(sl->done_ev, sl->stream), "cudaEventRecord");
+        sl->enqueued = 1;
+        return LNORM_OK;
+    }
     if (lnorm__slot_reserve(sl, b->nsegs, bb->nsegs) != LNORM_OK) {
         sl->why = "out of memory (segment table)";
         return LNORM_ENOMEM;
@@ -831,7 +840,7 @@ static void *lnorm__cuda_completer(void *arg)
         }
         if (err == LNORM_ECUDA) {
             atomic_fetch_add_explicit(&be->n_errors, 1, memory_order_relaxed);
-            if (be->cpu) {
+            if (be->cpu && !job->on_device) {
                 /* The stream is drained: nothing of the GPU's can still
                  * write the job's buffers. */
                 const char *cwhy = NULL;
@@ -870,50 +879,22 @@ static lnorm__cuda_gpu *lnorm__cuda_gpu_of(lnorm__cuda_be *be, int dev)
     return NULL;
 }
 
-/* A job whose segments are all memory of GPU job->device: no copy, the
- * kernels run on it in place (synchronously, on the caller's thread: such
- * jobs are large, one request each). */
-static int lnorm__cuda_run_device(lnorm__cuda_be *be, lnorm__job *job)
-{
-    lnorm__cuda_gpu *g = lnorm__cuda_gpu_of(be, job->device);
-    if (!g)
-        return LNORM_ENODEV;
-    uint64_t t0 = lnorm__cuda_now();
-    const char *why = NULL;
-    int rc = LNORM_OK;
-    pthread_mutex_lock(&g->dev_mu);
-    if (cudaSetDevice(g->dev) != cudaSuccess ||
-        (!g->dev_stream && cudaStreamCreateWithFlags(&g->dev_stream, cudaStreamNonBlocking) != cudaSuccess)) {
-        cudaGetLastError();
-        why = "cudaStreamCreateWithFlags (device jobs)";
-        rc = LNORM_ECUDA;
-    }
-    for (size_t i = 0; rc == LNORM_OK && i < job->batch.nsegs; i++)
-        rc = lnorm_cuda_run_segment(&job->batch.segs[i], g->dev_stream, &why);
-    if (rc == LNORM_OK && cudaStreamSynchronize(g->dev_stream) != cudaSuccess) {
-        cudaGetLastError();
-        why = "cudaStreamSynchronize (device job)";
-        rc = LNORM_ECUDA;
-    }
-    pthread_mutex_unlock(&g->dev_mu);
-    if (rc != LNORM_OK)
-        atomic_fetch_add_explicit(&be->n_errors, 1, memory_order_relaxed);
-    job->done(job, rc, rc == LNORM_OK ? NULL : why, lnorm__cuda_now() - t0);
-    return LNORM_OK;
-}
-
 static int lnorm__cuda_submit(lnorm__backend *base, lnorm__job *job)
 {
     lnorm__cuda_be *be = (lnorm__cuda_be *)base;
     if (atomic_load_explicit(&be->stopping, memory_order_acquire))
         return LNORM_EUNAVAIL;
-    if (job->on_device)
-        return lnorm__cuda_run_device(be, job);
-    /* The GPU with the fewest jobs in hand (a racy read is fine: it only
-     * spreads the load). */
+    /* A job on device memory goes to its GPU; any other to the GPU with
+     * the fewest jobs in hand (a racy read is fine: it only spreads the
+     * load). */
     lnorm__cuda_gpu *g = &be->gpus[0];
     int best = atomic_load_explicit(&g->inflight, memory_order_relaxed);
-    for (int i = 1; i < be->ngpus; i++) {
+    if (job->on_device) {
+        g = lnorm__cuda_gpu_of(be, job->device);
+        if (!g)
+            return LNORM_ENODEV;
+    }
+    for (int i = 1; i < be->ngpus && !job->on_device; i++) {
         int n = atomic_load_explicit(&be->gpus[i].inflight, memory_order_relaxed);
         if (n < best) {
             best = n;
@@ -1239,13 +1220,7 @@ static void lnorm__cuda_free_gpu(lnorm__cuda_gpu *g)
         free(g->slots);
         g->slots = NULL;
     }
-    if (g->dev_stream) {
-        cudaSetDevice(g->dev);
-        cudaStreamDestroy(g->dev_stream);
-        g->dev_stream = NULL;
-    }
     if (g->sync_ok) {
-        pthread_mutex_destroy(&g->dev_mu);
         pthread_cond_destroy(&g->cv_fifo);
         pthread_cond_destroy(&g->cv_slot);
         pthread_cond_destroy(&g->cv_q);
@@ -1351,7 +1326,6 @@ static int lnorm__cuda_init_gpu(lnorm__cuda_be *be, lnorm__cuda_gpu *g, int dev,
         pthread_mutex_destroy(&g->mu);
         return LNORM_ENOMEM;
     }
-    pthread_mutex_init(&g->dev_mu, NULL);
     g->sync_ok = 1;
     int rc = lnorm__cuda_open_device(be, g, dev);
     if (rc)

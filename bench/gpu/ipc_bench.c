@@ -6,17 +6,20 @@
  *   1. checks: y, mean, rstd of a LayerNorm (gamma, beta) and an RMSNorm
  *      against float64, outputs poisoned on the device first; a region
  *      claiming more bytes than its allocation is refused;
- *   2. measures: end-to-end time of one request on a large tensor (message
- *      out, kernel, reply back), as GB/s of x read + y written, beside a
+ *   2. measures: end-to-end time of requests on a large tensor (message
+ *      out, kernel, reply back), one at a time and with --concurrency N in
+ *      flight (each with its own y), as GB/s of x read + y written, beside a
  *      device-to-device copy of the same bytes on the same GPU (the HBM
  *      ceiling) and the same kernel launched in this process on the same
  *      tensor, in one run; prints them with lnormd's own compute time (the
  *      reply's timings) and writes JSON (--json).
  *
  *   lnorm-ipc-bench --url ipc:///path [--gpu 0] [--rows R --hidden H]
- *                   [--dtype bf16|f16|f32] [--iters N] [--json FILE] [--commit C]
+ *                   [--dtype bf16|f16|f32] [--iters N] [--concurrency N]
+ *                   [--no-checks] [--json FILE] [--commit C]
  * Exit status 0 only when every check passed.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +52,10 @@ typedef struct dev_case {
     int op, dt;
     uint64_t rows, hidden;
     size_t xb, yb, pb, sb;
-    unsigned char *d;          /* one allocation: x, y, gamma, beta, mean, rstd */
+    unsigned char *d;          /* one allocation: x, y, gamma, beta, mean, rstd, more y */
     size_t off_x, off_y, off_g, off_b, off_m, off_r, total;
+    int ny;                    /* y buffers: off_y, then off_more + k * up(yb) */
+    size_t off_more;
     void *hx, *hg, *hb;        /* host copies of the inputs */
 } dev_case;
 
@@ -59,7 +64,7 @@ static size_t up(size_t n)
     return (n + 255) / 256 * 256;
 }
 
-static void case_make(dev_case *c, int op, int dt, uint64_t rows, uint64_t hidden, lnorm_rng *g)
+static void case_make(dev_case *c, int op, int dt, uint64_t rows, uint64_t hidden, int ny, lnorm_rng *g)
 {
     memset(c, 0, sizeof *c);
     c->op = op;
@@ -74,7 +79,9 @@ static void case_make(dev_case *c, int op, int dt, uint64_t rows, uint64_t hidde
     c->off_b = c->off_g + up(c->pb);
     c->off_m = c->off_b + up(c->pb);
     c->off_r = c->off_m + up(c->sb);
-    c->total = c->off_r + up(c->sb);
+    c->off_more = c->off_r + up(c->sb);
+    c->ny = ny < 1 ? 1 : ny;
+    c->total = c->off_more + (size_t)(c->ny - 1) * up(c->yb);
     CU(cudaMalloc((void **)&c->d, c->total));
     c->hx = malloc(c->xb);
     c->hg = malloc(c->pb);
@@ -95,6 +102,11 @@ static void case_free(dev_case *c)
     free(c->hx);
     free(c->hg);
     free(c->hb);
+}
+
+static unsigned char *y_of(const dev_case *c, int k)
+{
+    return c->d + (k == 0 ? c->off_y : c->off_more + (size_t)(k - 1) * up(c->yb));
 }
 
 static void req_of(lnorm_normalize_req *q, const dev_case *c, int affine, int stats)
@@ -129,7 +141,7 @@ static lnorm_shm *register_case(lnorm_client *cl, const dev_case *c, int gpu, si
 static void check_case(lnorm_client *cl, int gpu, int op, int dt, uint64_t rows, uint64_t hidden, lnorm_rng *g)
 {
     dev_case c;
-    case_make(&c, op, dt, rows, hidden, g);
+    case_make(&c, op, dt, rows, hidden, 1, g);
     lnorm_result res;
     lnorm_shm *s = register_case(cl, &c, gpu, c.total, &res);
     CHECK(s != NULL, "register GPU memory: %s", res.message);
@@ -167,13 +179,99 @@ static void check_case(lnorm_client *cl, int gpu, int op, int dt, uint64_t rows,
     case_free(&c);
 }
 
+/* Requests kept conc in flight (slot k writes y_of(c, k)): the callbacks
+ * only mark their slot free; this thread sends the next request. */
+typedef struct pipe_state {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int nfree, failed;
+    int free_[64];
+    uint64_t compute_sum;
+    char why[320];
+} pipe_state;
+
+typedef struct pipe_slot {
+    pipe_state *ps;
+    int k;
+} pipe_slot;
+
+static void pipe_cb(void *arg, int err, const lnorm_result *res)
+{
+    pipe_slot *sl = arg;
+    pipe_state *ps = sl->ps;
+    pthread_mutex_lock(&ps->mu);
+    if (err != LNORM_OK) {
+        if (!ps->failed)
+            snprintf(ps->why, sizeof ps->why, "%s: %s", lnorm_strerror(err), res ? res->message : "-");
+        ps->failed++;
+    } else if (res) {
+        ps->compute_sum += res->compute_us;
+    }
+    ps->free_[ps->nfree++] = sl->k;
+    pthread_cond_signal(&ps->cv);
+    pthread_mutex_unlock(&ps->mu);
+}
+
+/* total requests, conc in flight; seconds a request (wall / total), or a
+ * negative value after a failure. */
+static double run_pipelined(lnorm_client *cl, const dev_case *c, int conc, int total, double *compute_us)
+{
+    pipe_state ps;
+    memset(&ps, 0, sizeof ps);
+    pthread_mutex_init(&ps.mu, NULL);
+    pthread_cond_init(&ps.cv, NULL);
+    pipe_slot slots[64];
+    lnorm_normalize_req q[64];
+    for (int k = 0; k < conc; k++) {
+        slots[k].ps = &ps;
+        slots[k].k = k;
+        req_of(&q[k], c, 0, 0);
+        q[k].y = y_of(c, k);
+        ps.free_[ps.nfree++] = k;
+    }
+    int sent = 0, done = 0;
+    double t0 = now_s();
+    pthread_mutex_lock(&ps.mu);
+    while (done < sent || (sent < total && !ps.failed)) {
+        while (ps.nfree > 0 && sent < total && !ps.failed) {
+            int k = ps.free_[--ps.nfree];
+            pthread_mutex_unlock(&ps.mu);
+            int rv = lnorm_normalize_shm_async(cl, &q[k], pipe_cb, &slots[k]);
+            pthread_mutex_lock(&ps.mu);
+            if (rv != LNORM_OK) {
+                snprintf(ps.why, sizeof ps.why, "send: %s", lnorm_strerror(rv));
+                ps.failed++;
+                ps.free_[ps.nfree++] = k;
+                break;
+            }
+            sent++;
+        }
+        done = sent - (conc - ps.nfree);
+        if (done < sent)
+            pthread_cond_wait(&ps.cv, &ps.mu);
+        done = sent - (conc - ps.nfree);
+    }
+    pthread_mutex_unlock(&ps.mu);
+    double per = (now_s() - t0) / (sent > 0 ? sent : 1);
+    if (ps.failed)
+        CHECK_FAIL("pipelined requests (%d in flight): %s", conc, ps.why);
+    *compute_us = sent > 0 ? (double)ps.compute_sum / sent : 0;
+    pthread_cond_destroy(&ps.cv);
+    pthread_mutex_destroy(&ps.mu);
+    return ps.failed ? -1.0 : per;
+}
+
 int main(int argc, char **argv)
 {
     const char *url = NULL, *json = NULL, *commit = getenv("LNORM_COMMIT");
-    int gpu = 0, iters = 50, dt = LNORM_DTYPE_BF16;
+    int gpu = 0, iters = 50, dt = LNORM_DTYPE_BF16, conc = 1, checks = 1;
     uint64_t rows = 32768, hidden = 4096;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-checks")) {
+            checks = 0;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "%s needs a value\n", a);
             return 2;
@@ -188,6 +286,8 @@ int main(int argc, char **argv)
             hidden = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--iters"))
             iters = atoi(v);
+        else if (!strcmp(a, "--concurrency"))
+            conc = atoi(v);
         else if (!strcmp(a, "--json"))
             json = v;
         else if (!strcmp(a, "--commit"))
@@ -200,8 +300,10 @@ int main(int argc, char **argv)
         }
         i++;
     }
-    if (!url || rows < 1 || hidden < 1 || iters < 1) {
-        fprintf(stderr, "usage: %s --url URL [--gpu N] [--rows R] [--hidden H] [--dtype D] [--iters N] [--json F]\n",
+    if (!url || rows < 1 || hidden < 1 || iters < 1 || conc < 1 || conc > 64) {
+        fprintf(stderr,
+                "usage: %s --url URL [--gpu N] [--rows R] [--hidden H] [--dtype D] [--iters N] [--concurrency 1..64] "
+                "[--no-checks] [--json F]\n",
                 argv[0]);
         return 2;
     }
@@ -217,28 +319,32 @@ int main(int argc, char **argv)
     lnorm_rng g;
     lnorm_rng_seed(&g, lnorm_test_seed(21));
 
-    /* 1. correctness */
-    check_case(cl, gpu, LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 257, 4096, &g);
-    check_case(cl, gpu, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 100, 3000, &g);
-    check_case(cl, gpu, LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 3, 65536, &g);
-    {
-        dev_case c;
-        case_make(&c, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 4, 64, &g);
-        lnorm_result res;
-        lnorm_shm *s = register_case(cl, &c, gpu, c.total + ((size_t)64 << 20), &res);
-        CHECK(s == NULL && strstr(res.message, "allocation"), "a region larger than its allocation is refused: %s",
-              res.message);
-        lnorm_shm_destroy(s, NULL);
-        case_free(&c);
+    /* 1. correctness (--no-checks: the speed alone) */
+    if (checks) {
+        check_case(cl, gpu, LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 257, 4096, &g);
+        check_case(cl, gpu, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 100, 3000, &g);
+        check_case(cl, gpu, LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 3, 65536, &g);
+        {
+            dev_case c;
+            case_make(&c, LNORM_OP_RMSNORM, LNORM_DTYPE_F32, 4, 64, 1, &g);
+            lnorm_result res;
+            lnorm_shm *s = register_case(cl, &c, gpu, c.total + ((size_t)64 << 20), &res);
+            CHECK(s == NULL && strstr(res.message, "allocation"), "a region larger than its allocation is refused: %s",
+                  res.message);
+            lnorm_shm_destroy(s, NULL);
+            case_free(&c);
+        }
     }
 
-    /* 2. speed: one large tensor, requests one after another */
+    /* 2. speed: one large tensor, requests one after another, then conc
+     * in flight */
     dev_case c;
-    case_make(&c, LNORM_OP_RMSNORM, dt, rows, hidden, &g);
+    case_make(&c, LNORM_OP_RMSNORM, dt, rows, hidden, conc, &g);
     lnorm_result res;
     lnorm_shm *s = register_case(cl, &c, gpu, c.total, &res);
     CHECK(s != NULL, "register the large tensor: %s", res.message);
     double gbps = 0, copy_gbps = 0, per_req_us = 0, compute_us = 0, kernel_gbps = 0;
+    double pipe_us = 0, pipe_gbps = 0, pipe_compute_us = 0;
     if (s) {
         lnorm_normalize_req q;
         req_of(&q, &c, 0, 0);
@@ -257,6 +363,26 @@ int main(int argc, char **argv)
         compute_us = (double)csum / iters;
         per_req_us = dt_s * 1e6;
         gbps = (double)(c.xb + c.yb) / dt_s / 1e9;
+        if (conc > 1) {
+            for (int k = 1; k < conc; k++)
+                CU(cudaMemset(y_of(&c, k), 0xFF, c.yb));
+            double per = run_pipelined(cl, &c, conc, iters > 4 * conc ? iters : 4 * conc, &pipe_compute_us);
+            if (per > 0) {
+                pipe_us = per * 1e6;
+                pipe_gbps = (double)(c.xb + c.yb) / per / 1e9;
+                /* every y the same bits as the one-at-a-time y */
+                unsigned char *h0 = malloc(c.yb), *hk = malloc(c.yb);
+                if (!h0 || !hk)
+                    exit(1);
+                CU(cudaMemcpy(h0, y_of(&c, 0), c.yb, cudaMemcpyDeviceToHost));
+                for (int k = 1; k < conc; k++) {
+                    CU(cudaMemcpy(hk, y_of(&c, k), c.yb, cudaMemcpyDeviceToHost));
+                    CHECK(memcmp(h0, hk, c.yb) == 0, "y of request slot %d (of %d in flight) differs from y", k, conc);
+                }
+                free(h0);
+                free(hk);
+            }
+        }
         cudaEvent_t e0, e1;
         CU(cudaEventCreate(&e0));
         CU(cudaEventCreate(&e1));
@@ -294,6 +420,10 @@ int main(int argc, char **argv)
            prop.name, lnorm_dtype_name(dt), (unsigned long long)rows, (unsigned long long)hidden,
            (double)(rows * hidden * lnorm_dtype_size(dt)) / (1 << 20), per_req_us, compute_us, gbps, copy_gbps,
            copy_gbps > 0 ? gbps / copy_gbps : 0, kernel_gbps);
+    if (conc > 1)
+        printf("cuda-ipc: %d in flight: %.1f us a request (%.1f us of it computing in lnormd), %.0f GB/s of x + y; "
+               "ratio %.2f\n",
+               conc, pipe_us, pipe_compute_us, pipe_gbps, copy_gbps > 0 ? pipe_gbps / copy_gbps : 0);
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -306,10 +436,13 @@ int main(int argc, char **argv)
                     "{\"bench\": \"cuda-ipc\", \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\", "
                     "\"op\": \"rms\", \"dtype\": \"%s\", \"rows\": %llu, \"hidden\": %llu, \"iters\": %d, "
                     "\"us_per_request\": %.2f, \"server_compute_us\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, \"kernel_in_process_gbps\": %.1f, "
-                    "\"ratio_to_copy\": %.3f, \"checks_failed\": %d}\n",
+                    "\"ratio_to_copy\": %.3f, \"concurrency\": %d, \"pipelined_us_per_request\": %.2f, "
+                    "\"pipelined_server_compute_us\": %.2f, \"pipelined_gbps_x_plus_y\": %.1f, "
+                    "\"pipelined_ratio_to_copy\": %.3f, \"checks_failed\": %d}\n",
                     prop.name, date, commit ? commit : "unknown", lnorm_dtype_name(dt), (unsigned long long)rows,
                     (unsigned long long)hidden, iters, per_req_us, compute_us, gbps, copy_gbps, kernel_gbps,
-                    copy_gbps > 0 ? gbps / copy_gbps : 0, check_failures());
+                    copy_gbps > 0 ? gbps / copy_gbps : 0, conc, pipe_us, pipe_compute_us, pipe_gbps,
+                    copy_gbps > 0 ? pipe_gbps / copy_gbps : 0, check_failures());
             fclose(f);
         }
     }

@@ -24,7 +24,14 @@
  *    exactly jobs 3, 6, 9 (1-based, in submission order) finish with
  *    LNORM_ECUDA and the others are correct; fallback cpu, every job is
  *    correct and the counters say which were computed on the CPU.
- * 4. Backward segments (lnorm_bwd_segment) in jobs beside forward ones,
+ * 5. Device jobs (on_device: every tensor already in GPU memory, as a
+ *    CUDA IPC client's): NDEV jobs of mixed ops, dtypes and tiers in
+ *    flight at once on the slots, outputs poisoned on the device, each
+ *    checked against float64 once copied back; with fault_every = 3 and
+ *    fallback cpu, exactly jobs 3, 6, 9 fail with LNORM_ECUDA (device
+ *    pointers are never handed to the CPU fallback) and the counters say
+ *    no batch was computed on the CPU.
+ * 6. Backward segments (lnorm_bwd_segment) in jobs beside forward ones,
  *    padded rows, stats given or not, dres, under big slots and under 1 MiB
  *    slots (temporary buffer), and with every third job faulted and
  *    computed by the CPU fallback: dx / dgamma / dbeta against the float64
@@ -38,6 +45,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <cuda_runtime_api.h>
 
 #include "check.h"
 #include "backend_cuda.h"
@@ -627,7 +636,154 @@ out:
     return check_failures() - f0;
 }
 
-/* ---- part 4: backward segments ---- */
+/* ---- part 5: device jobs ---- */
+
+#define NDEV 9
+
+/* A device copy of host buffer src (n bytes), or of n poison bytes. */
+static void *dev_copy(const void *src, size_t n)
+{
+    void *d = NULL;
+    if (!n || cudaMalloc(&d, n) != cudaSuccess)
+        return NULL;
+    if (src) {
+        if (cudaMemcpy(d, src, n, cudaMemcpyHostToDevice) != cudaSuccess) {
+            cudaFree(d);
+            return NULL;
+        }
+    } else {
+        void *h = malloc(n);
+        if (!h || (memset(h, 0xFF, n), cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)) != cudaSuccess) {
+            free(h);
+            cudaFree(d);
+            return NULL;
+        }
+        free(h);
+    }
+    return d;
+}
+
+static long test_device_jobs(lnorm_rng *rng)
+{
+    const char *name = "device-jobs/fault-fallback-cpu";
+    const int f0 = check_failures();
+    lnorm__cuda_opts o;
+    lnorm__cuda_opts_init(&o);
+    o.slot_bytes = (size_t)1 << 20; /* device jobs use no arena: a small one must not matter */
+    o.fault_every = 3;
+    o.fallback = LNORM__CUDA_FALLBACK_CPU;
+    lnorm__backend *be = NULL;
+    if (lnorm__backend_cuda_create_opts(&be, &o) != LNORM_OK) {
+        CHECK_FAIL("%s: create", name);
+        return 1;
+    }
+    static const int64_t hs[NDEV] = {64, 1000, 4096, 8192, 3000, 65536, 768, 16384, 4096};
+    static tjob jobs[NDEV];
+    memset(jobs, 0, sizeof jobs);
+    g_done = 0;
+    for (int j = 0; j < NDEV; j++) {
+        tjob *t = &jobs[j];
+        lnorm_test_case_cfg c;
+        memset(&c, 0, sizeof c);
+        c.op = j % 2 ? LNORM_OP_RMSNORM : LNORM_OP_LAYERNORM;
+        c.x_dtype = j % 3 == 0 ? LNORM_DTYPE_F32 : j % 3 == 1 ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F16;
+        c.rows = 1 + (int64_t)(lnorm_rng_next(rng) % 40);
+        c.hidden = hs[j];
+        c.gamma = 1;
+        c.beta = j % 2 == 0;
+        c.residual = j == 4;
+        c.stats = 1;
+        if (lnorm_test_case_make(&t->tc[0], &c, rng) != LNORM_OK) {
+            CHECK_FAIL("%s: out of memory", name);
+            goto out;
+        }
+        lnorm_test_case *tc = &t->tc[0];
+        lnorm_segment *d = &t->segs[0];
+        *d = tc->seg;
+        const size_t pb = (size_t)d->hidden * lnorm_dtype_size(d->param_dtype);
+        d->x = dev_copy(tc->x, tc->x_bytes);
+        d->y = dev_copy(NULL, tc->y_bytes);
+        d->gamma = dev_copy(tc->gamma, tc->gamma ? pb : 0);
+        d->beta = dev_copy(tc->beta, tc->beta ? pb : 0);
+        d->mean = dev_copy(NULL, tc->mean ? (size_t)d->rows * 4 : 0);
+        d->rstd = dev_copy(NULL, (size_t)d->rows * 4);
+        if (tc->residual) {
+            d->residual = dev_copy(tc->residual, tc->res_bytes);
+            d->residual_out = dev_copy(NULL, tc->res_bytes);
+        }
+        t->nsegs = 1;
+        t->job.batch.segs = t->segs;
+        t->job.batch.nsegs = 1;
+        t->job.rows = (uint64_t)d->rows;
+        t->job.done = on_done;
+        t->job.on_device = 1;
+        t->job.device = 0;
+        if (!d->x || !d->y || !d->rstd || (tc->mean && !d->mean) || (tc->gamma && !d->gamma) ||
+            (tc->beta && !d->beta) || (tc->residual && (!d->residual || !d->residual_out))) {
+            CHECK_FAIL("%s: cudaMalloc", name);
+            t->nsegs = -1;
+        }
+    }
+    int sent = 0;
+    for (int j = 0; j < NDEV; j++) {
+        if (jobs[j].nsegs != 1)
+            continue;
+        int rc = be->ops->submit(be, &jobs[j].job);
+        if (rc != LNORM_OK)
+            CHECK_FAIL("%s: submit job %d: %s", name, j, lnorm_errname(rc));
+        else
+            sent++;
+    }
+    pthread_mutex_lock(&g_mu);
+    while (g_done < sent)
+        pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+    lnorm__backend_counters cn;
+    be->ops->counters(be, &cn);
+    for (int j = 0; j < NDEV; j++) {
+        tjob *t = &jobs[j];
+        if (t->nsegs != 1)
+            continue;
+        const int want = (j + 1) % 3 == 0 ? LNORM_ECUDA : LNORM_OK;
+        if (t->done_calls != 1 || t->err != want) {
+            CHECK_FAIL("%s job %d: done called %d times, %s (want %s)", name, j, t->done_calls,
+                       lnorm_errname(t->err), lnorm_errname(want));
+            continue;
+        }
+        if (want != LNORM_OK)
+            continue;
+        lnorm_test_case *tc = &t->tc[0];
+        const lnorm_segment *d = &t->segs[0];
+        int ok = cudaMemcpy(tc->y, d->y, tc->y_bytes, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                 cudaMemcpy(tc->rstd, d->rstd, (size_t)d->rows * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                 (!tc->mean || cudaMemcpy(tc->mean, d->mean, (size_t)d->rows * 4, cudaMemcpyDeviceToHost) ==
+                                   cudaSuccess) &&
+                 (!tc->residual || cudaMemcpy(tc->residual_out, d->residual_out, tc->res_bytes,
+                                              cudaMemcpyDeviceToHost) == cudaSuccess);
+        char label[96];
+        snprintf(label, sizeof label, "%s job %d", name, j);
+        CHECK(ok, "%s: copy back", label);
+        if (ok)
+            CHECK(lnorm_test_check_segment(&tc->seg, NULL, label) == 0, "%s: outputs vs float64", label);
+    }
+    CHECK(cn.errors == 3 && cn.fallback_batches == 0, "%s: counters: errors %llu (want 3), fallback %llu (want 0)",
+          name, (unsigned long long)cn.errors, (unsigned long long)cn.fallback_batches);
+out:
+    be->ops->destroy(be);
+    for (int j = 0; j < NDEV; j++) {
+        lnorm_segment *d = &jobs[j].segs[0];
+        void *bufs[8] = {(void *)d->x, d->y, (void *)d->gamma, (void *)d->beta, d->mean, d->rstd,
+                         (void *)d->residual, d->residual_out};
+        for (int k = 0; k < 8; k++)
+            if (bufs[k])
+                cudaFree(bufs[k]);
+        lnorm_test_case_free(&jobs[j].tc[0]);
+    }
+    printf("%s: %d failures\n", name, check_failures() - f0);
+    return check_failures() - f0;
+}
+
+/* ---- part 6: backward segments ---- */
 
 #define NBWD 12
 
@@ -813,6 +969,7 @@ int main(void)
 
     test_faults(0, cpu, &rng);
     test_faults(1, cpu, &rng);
+    test_device_jobs(&rng);
 
     lnorm__cuda_opts_init(&o);
     o.slot_bytes = (size_t)64 << 20;

@@ -60,6 +60,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+/* Synchronous: the mock's tests call it only with no work in flight on those buffers. */
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, enum cudaMemcpyKind k,
                               cudaStream_t st);
