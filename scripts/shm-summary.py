@@ -12,7 +12,7 @@ import sys
 
 def rows(d):
     if d.get("bench") == "cuda-ipc":
-        keep = ("rows", "hidden", "dtype", "us_per_request", "server_compute_us", "gbps_x_plus_y",
+        keep = ("rows", "hidden", "dtype", "us_per_request", "server_compute_us", "server_queue_us", "gbps_x_plus_y",
                 "device_copy_gbps", "kernel_in_process_gbps", "ratio_to_copy", "concurrency",
                 "pipelined_us_per_request", "pipelined_server_compute_us", "pipelined_gbps_x_plus_y",
                 "pipelined_ratio_to_copy", "checks_failed")

@@ -344,21 +344,23 @@ int main(int argc, char **argv)
     lnorm_shm *s = register_case(cl, &c, gpu, c.total, &res);
     CHECK(s != NULL, "register the large tensor: %s", res.message);
     double gbps = 0, copy_gbps = 0, per_req_us = 0, compute_us = 0, kernel_gbps = 0;
-    double pipe_us = 0, pipe_gbps = 0, pipe_compute_us = 0;
+    double pipe_us = 0, pipe_gbps = 0, pipe_compute_us = 0, queue_us = 0;
     if (s) {
         lnorm_normalize_req q;
         req_of(&q, &c, 0, 0);
         for (int i = 0; i < 3; i++)
             CHECK(lnorm_normalize_shm(cl, &q, &res) == LNORM_OK, "warm-up: %s", res.message);
         double t0 = now_s();
-        uint64_t csum = 0;
+        uint64_t csum = 0, qsum = 0;
         for (int i = 0; i < iters; i++) {
             if (lnorm_normalize_shm(cl, &q, &res) != LNORM_OK) {
                 CHECK_FAIL("request %d: %s", i, res.message);
                 break;
             }
             csum += res.compute_us;
+            qsum += res.queue_us;
         }
+        queue_us = (double)qsum / iters;
         double dt_s = (now_s() - t0) / iters;
         compute_us = (double)csum / iters;
         per_req_us = dt_s * 1e6;
@@ -415,10 +417,10 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, gpu));
     printf("cuda-ipc: %s, rms %s %llu x %llu (%.0f MiB of x): %.1f us a request end to end (%.1f us of it "
-           "computing in lnormd), %.0f GB/s of x + y; device copy %.0f GB/s; ratio %.2f; the kernel in this "
+           "computing in lnormd, %.1f us queued there), %.0f GB/s of x + y; device copy %.0f GB/s; ratio %.2f; the kernel in this "
            "process %.0f GB/s\n",
            prop.name, lnorm_dtype_name(dt), (unsigned long long)rows, (unsigned long long)hidden,
-           (double)(rows * hidden * lnorm_dtype_size(dt)) / (1 << 20), per_req_us, compute_us, gbps, copy_gbps,
+           (double)(rows * hidden * lnorm_dtype_size(dt)) / (1 << 20), per_req_us, compute_us, queue_us, gbps, copy_gbps,
            copy_gbps > 0 ? gbps / copy_gbps : 0, kernel_gbps);
     if (conc > 1)
         printf("cuda-ipc: %d in flight: %.1f us a request (%.1f us of it computing in lnormd), %.0f GB/s of x + y; "
@@ -435,12 +437,12 @@ int main(int argc, char **argv)
             fprintf(f,
                     "{\"bench\": \"cuda-ipc\", \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\", "
                     "\"op\": \"rms\", \"dtype\": \"%s\", \"rows\": %llu, \"hidden\": %llu, \"iters\": %d, "
-                    "\"us_per_request\": %.2f, \"server_compute_us\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, \"kernel_in_process_gbps\": %.1f, "
+                    "\"us_per_request\": %.2f, \"server_compute_us\": %.2f, \"server_queue_us\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, \"kernel_in_process_gbps\": %.1f, "
                     "\"ratio_to_copy\": %.3f, \"concurrency\": %d, \"pipelined_us_per_request\": %.2f, "
                     "\"pipelined_server_compute_us\": %.2f, \"pipelined_gbps_x_plus_y\": %.1f, "
                     "\"pipelined_ratio_to_copy\": %.3f, \"checks_failed\": %d}\n",
                     prop.name, date, commit ? commit : "unknown", lnorm_dtype_name(dt), (unsigned long long)rows,
-                    (unsigned long long)hidden, iters, per_req_us, compute_us, gbps, copy_gbps, kernel_gbps,
+                    (unsigned long long)hidden, iters, per_req_us, compute_us, queue_us, gbps, copy_gbps, kernel_gbps,
                     copy_gbps > 0 ? gbps / copy_gbps : 0, conc, pipe_us, pipe_compute_us, pipe_gbps,
                     copy_gbps > 0 ? pipe_gbps / copy_gbps : 0, check_failures());
             fclose(f);
