@@ -7,10 +7,12 @@
 #     each (RING_CONC: requests in flight in all, default 128,256):
 #     --transport ring batched and unbatched (max-batch-rows 1), and the
 #     socket (raw driver) batched;
-#   - CUDA IPC: lnorm-ipc-bench against a running lnormd (checks vs float64,
-#     then 8 MiB, 256 MiB and 1 GiB bf16 tensors end to end, one request at a
-#     time and IPC_CONC (default 4) in flight, beside a device copy and the
-#     same kernel in the client; IPC_ROWS: rows of 4096).
+#   - CUDA IPC: lnorm-bench --transport cuda-ipc (256 MiB and 1 GiB bf16
+#     RMSNorm, 1, 2 and 4 in flight), then lnorm-ipc-bench against a running
+#     lnormd (checks vs float64, then 8 MiB, 256 MiB and 1 GiB bf16 tensors
+#     end to end, one request at a time and IPC_CONC (default 4) in flight,
+#     beside a device copy and the same kernel in the client; IPC_ROWS: rows
+#     of 4096).
 # Binaries in one folder ($1, default .devserve): static lnormd, lnorm-bench,
 # lnorm-ipc-bench (cmake --build build-sm90 --target lnormd lnorm-bench
 # lnorm-ipc-bench) and lnorm_commit.txt. Run from the repository root:
@@ -59,6 +61,16 @@ case ",$STEPS," in *,ring,*)
 run ring-batched --transport ring "${small[@]}" -- --backend cuda --allow-shm
 run ring-unbatched --transport ring "${small[@]}" -- --backend cuda --allow-shm --max-batch-rows 1
 run socket-batched --driver raw "${small[@]}" -- --backend cuda
+;; esac
+
+# CUDA IPC through lnorm-bench (GB/s of x + y as for shm): bf16 RMSNorm on
+# the client's GPU memory, 256 MiB and 1 GiB of x.
+case ",$STEPS," in *,ipc,*)
+for rows in 32768 131072; do
+  mib=$((rows * 8 / 1024))
+  run "ipc${mib}M-cuda" --transport cuda-ipc --op rms --rows "$rows" --hidden 4096 --dtype bf16 --variants 1 \
+    --concurrency 1,2,4 --verify 2 --timeout 60000 -- --backend cuda --allow-shm
+done
 ;; esac
 
 # CUDA IPC.

@@ -16,6 +16,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "devmem.h"
 #include "hist.h"
 #include "lnorm/types.h"
 #ifdef LNORM_BENCH_HAVE_LIB
@@ -34,7 +35,11 @@ uint64_t lnorm__now_ns(void)
 
 const char *lnorm__driver_name(int d)
 {
-    return d == LNORM__DRV_LIB ? "lib" : d == LNORM__DRV_SHM ? "shm" : d == LNORM__DRV_RING ? "ring" : "raw";
+    return d == LNORM__DRV_LIB    ? "lib"
+           : d == LNORM__DRV_SHM  ? "shm"
+           : d == LNORM__DRV_RING ? "ring"
+           : d == LNORM__DRV_CUDA ? "cuda"
+                                  : "raw";
 }
 
 const char *lnorm__ek_name(int k)
@@ -110,8 +115,9 @@ struct run {
     int closed;          /* under mu: the transport is closed */
     int leaked;          /* it did not close: never free what NNG may use */
 #ifdef LNORM_BENCH_HAVE_LIB
-    /* shm and ring drivers: inputs and outputs in one region */
+    /* shm, ring and cuda drivers: inputs and outputs in one region */
     lnorm_shm *shm;
+    void *dev;           /* cuda: the GPU allocation that is the region */
     void **tin;          /* per template: x, residual, gamma, beta in the region */
     lnorm_ring *ring;
     pthread_t reaper;
@@ -298,13 +304,16 @@ static void complete(slot *s, int kind, const lnorm__reply *rep, size_t tx, size
         slot_start(s, now);
 }
 
-static void *dup_bytes(const void *p, size_t n)
+/* A host copy of p (dev: GPU memory). */
+static void *dup_bytes(const void *p, size_t n, int dev)
 {
     if (!p || !n)
         return NULL;
     void *d = malloc(n);
-    if (d)
+    if (d && !dev)
         memcpy(d, p, n);
+    else if (d && lnorm__devmem_get(d, p, n) != 0)
+        memset(d, 0xFF, n); /* poison: the check then fails and says so */
     return d;
 }
 
@@ -320,11 +329,12 @@ static void take_sample(slot *s, const void *y, size_t yl, const void *mean, siz
     if (i >= r->cfg->verify_n)
         return;
     sample *sm = &r->samples[i];
+    const int dev = r->cfg->driver == LNORM__DRV_CUDA;
     sm->tmpl = s->tmpl;
-    sm->y = dup_bytes(y, yl), sm->y_len = yl;
-    sm->mean = dup_bytes(mean, ml), sm->mean_len = ml;
-    sm->rstd = dup_bytes(rstd, rl), sm->rstd_len = rl;
-    sm->res_out = dup_bytes(ro, rol), sm->res_out_len = rol;
+    sm->y = dup_bytes(y, yl, dev), sm->y_len = yl;
+    sm->mean = dup_bytes(mean, ml, dev), sm->mean_len = ml;
+    sm->rstd = dup_bytes(rstd, rl, dev), sm->rstd_len = rl;
+    sm->res_out = dup_bytes(ro, rol, dev), sm->res_out_len = rol;
 }
 
 static int nng_kind(const run *r, int rv)
@@ -657,7 +667,7 @@ static void slot_start(slot *s, uint64_t t0)
         lib_start(s);
         return;
     }
-    if (r->cfg->driver == LNORM__DRV_SHM) {
+    if (r->cfg->driver == LNORM__DRV_SHM || r->cfg->driver == LNORM__DRV_CUDA) {
         shm_start(s);
         return;
     }
@@ -751,13 +761,25 @@ static int open_lib(run *r, char *err, size_t errlen)
 }
 #endif
 
-/* shm and ring drivers: one region holds every template's inputs (copied
- * in once) and each slot's outputs; the ring, if any, at its start. */
+/* Copy n bytes into the region (GPU memory: dev): 0 or -1. */
+static int region_put(void *d, const void *src, size_t n, int dev)
+{
+    if (!dev) {
+        memcpy(d, src, n);
+        return 0;
+    }
+    return lnorm__devmem_put(d, src, n);
+}
+
+/* shm, ring and cuda drivers: one region (host memory; cuda: GPU memory
+ * lent to lnormd by CUDA IPC) holds every template's inputs (copied in
+ * once) and each slot's outputs; the ring, if any, at its start. */
 static int open_shm(run *r, char *err, size_t errlen)
 {
     const lnorm__work *w = r->w;
+    const int dev = r->cfg->driver == LNORM__DRV_CUDA;
     if (w->wl.params == LNORM__PARAMS_REGISTERED) {
-        snprintf(err, errlen, "--transport shm|ring: registered params are not supported (use inline params)");
+        snprintf(err, errlen, "--transport shm|ring|cuda-ipc: registered params are not supported (use inline params)");
         return -1;
     }
     if (open_lib(r, err, errlen) != 0)
@@ -774,10 +796,24 @@ static int open_shm(run *r, char *err, size_t errlen)
     }
     need += (size_t)r->nslots * (UP(w->max_y_bytes) + UP(w->max_x_bytes) + 2 * UP(w->max_rows * 4));
     lnorm_result res;
-    int rv = lnorm_shm_create(r->cli, need, &r->shm, &res);
-    if (rv != LNORM_OK) {
-        snprintf(err, errlen, "lnorm_shm_create (%zu bytes): %s: %.140s", need, lnorm_strerror(rv), res.message);
-        return -1;
+    int rv;
+    if (dev) {
+        unsigned char h[LNORM__DEVMEM_HANDLE_BYTES];
+        if (lnorm__devmem_alloc(r->cfg->gpu, need, &r->dev, h, err, errlen) != 0)
+            return -1;
+        rv = lnorm_shm_register_cuda(r->cli, h, sizeof h, r->cfg->gpu, r->dev, need, &r->shm, &res);
+        if (rv != LNORM_OK) {
+            snprintf(err, errlen, "lnorm_shm_register_cuda (%zu bytes of GPU %d): %s: %.140s", need, r->cfg->gpu,
+                     lnorm_strerror(rv), res.message);
+            return -1;
+        }
+    } else {
+        rv = lnorm_shm_create(r->cli, need, &r->shm, &res);
+        if (rv != LNORM_OK) {
+            snprintf(err, errlen, "lnorm_shm_create (%zu bytes): %s: %.140s", need, lnorm_strerror(rv),
+                     res.message);
+            return -1;
+        }
     }
     unsigned char *b = lnorm_shm_data(r->shm);
     r->tin = calloc(4 * w->nt, sizeof *r->tin);
@@ -789,21 +825,25 @@ static int open_shm(run *r, char *err, size_t errlen)
     size_t o = UP(off);
     for (size_t i = 0; i < w->nt; i++) {
         const lnorm__tmpl *t = &w->t[i];
-        memcpy(b + o, t->x, t->x_bytes);
+        int bad = region_put(b + o, t->x, t->x_bytes, dev);
         r->tin[4 * i] = b + o;
         o += UP(t->x_bytes);
         if (t->residual) {
-            memcpy(b + o, t->residual, t->x_bytes);
+            bad |= region_put(b + o, t->residual, t->x_bytes, dev);
             r->tin[4 * i + 1] = b + o;
             o += UP(t->x_bytes);
         }
         if (t->gamma) {
-            memcpy(b + o, t->gamma, t->sh.hidden * 4);
+            bad |= region_put(b + o, t->gamma, t->sh.hidden * 4, dev);
             r->tin[4 * i + 2] = b + o;
             o += UP(t->sh.hidden * 4);
-            memcpy(b + o, t->beta, t->sh.hidden * 4);
+            bad |= region_put(b + o, t->beta, t->sh.hidden * 4, dev);
             r->tin[4 * i + 3] = b + o;
             o += UP(t->sh.hidden * 4);
+        }
+        if (bad) {
+            snprintf(err, errlen, "copying the inputs into GPU memory failed");
+            return -1;
         }
     }
     for (int i = 0; i < r->nslots; i++) {
@@ -864,6 +904,8 @@ static void close_transport_now(run *r)
         r->shm = NULL;
         r->ring = NULL;
     }
+    lnorm__devmem_free(r->dev); /* (after lnormd let go of it) */
+    r->dev = NULL;
     if (r->cli) {
         lnorm_client_close(r->cli);
         r->cli = NULL;
@@ -1183,7 +1225,7 @@ int lnorm__run(const lnorm__runcfg *cfg, const lnorm__work *w, lnorm__runres *re
 #ifdef LNORM_BENCH_HAVE_LIB
     if (cfg->driver == LNORM__DRV_LIB)
         rc = open_lib(rp, res->error, sizeof res->error);
-    else if (cfg->driver == LNORM__DRV_SHM || cfg->driver == LNORM__DRV_RING)
+    else if (cfg->driver == LNORM__DRV_SHM || cfg->driver == LNORM__DRV_RING || cfg->driver == LNORM__DRV_CUDA)
         rc = open_shm(rp, res->error, sizeof res->error);
     else
 #endif

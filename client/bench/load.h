@@ -20,7 +20,7 @@ enum { LNORM__TARGET_LNORMD = 0, LNORM__TARGET_ECHO = 1 };
 /* raw NNG; the client library over the socket; the client library with
  * every tensor in shared memory (--transport shm); a submission ring
  * (--transport ring). */
-enum { LNORM__DRV_RAW = 0, LNORM__DRV_LIB = 1, LNORM__DRV_SHM = 2, LNORM__DRV_RING = 3 };
+enum { LNORM__DRV_RAW = 0, LNORM__DRV_LIB = 1, LNORM__DRV_SHM = 2, LNORM__DRV_RING = 3, LNORM__DRV_CUDA = 4 };
 const char *lnorm__driver_name(int d);
 
 /* Error kinds: wire codes 1..16 as themselves, then the client's own. */
@@ -82,6 +82,7 @@ typedef struct lnorm__runcfg {
     int progress;           /* live line on stderr */
     size_t chunk_bytes;     /* client library: chunk size (0: its default) */
     int pipeline_depth;     /* client library: chunks in flight (0: default) */
+    int gpu;                /* cuda driver: the GPU whose memory holds the tensors */
     int server_pid;         /* the server's process id when known (spawned), else 0:
                                its CPU time per request is then reported */
     unsigned stream;        /* this process's index among nstreams load processes */

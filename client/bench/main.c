@@ -43,11 +43,15 @@ static const char usage[] =
     "  --driver lib|raw       lib: the client library's async API (default when built\n"
     "                         with it; splits large requests into chunks); raw: one\n"
     "                         NNG message per request over req0 contexts\n"
-    "  --transport socket|shm|ring\n"
+    "  --transport socket|shm|ring|cuda-ipc\n"
     "                         socket (default): tensors in the messages; shm: every\n"
     "                         tensor in a shared region (lnormd --allow-shm, ipc://),\n"
     "                         messages only name them; ring: requests through a\n"
-    "                         submission ring in that region, no socket at all\n"
+    "                         submission ring in that region, no socket at all;\n"
+    "                         cuda-ipc: every tensor in this process's GPU memory,\n"
+    "                         lent to lnormd by CUDA IPC (the CUDA backend computes\n"
+    "                         on it in place; needs the CUDA build)\n"
+    "  --gpu N                cuda-ipc: the GPU whose memory holds the tensors (0)\n"
     "  --chunk-bytes SIZE     lib driver: bytes of x per chunk (e.g. 4M; 0: default)\n"
     "  --pipeline-depth N     lib driver: chunks of one request in flight\n"
     "\n"
@@ -214,7 +218,7 @@ enum {
     O_MAXIF, O_DUR, O_WARM, O_REQS, O_TIMEOUT, O_GRACE, O_OP, O_DTYPE, O_ODTYPE, O_ROWS,
     O_HIDDEN, O_MIX, O_STATS, O_RESID, O_PARAMS, O_EPS, O_VARIANTS, O_SEED, O_VERIFY, O_ECHO,
     O_ECHO_ONLY, O_ECHO_URL, O_ECHO_CTX, O_JSON, O_CSV, O_PLOT, O_TAG, O_PROGRESS, O_NOPROGRESS,
-    O_ECHO_SERVE, O_READY, O_LIFETIME, O_REMOTE, O_PROCS
+    O_ECHO_SERVE, O_READY, O_LIFETIME, O_REMOTE, O_PROCS, O_GPU
 };
 
 static const struct option longopts[] = {
@@ -233,7 +237,7 @@ static const struct option longopts[] = {
     {"progress", 0, 0, O_PROGRESS}, {"no-progress", 0, 0, O_NOPROGRESS},
     {"echo-serve", 1, 0, O_ECHO_SERVE}, {"ready-file", 1, 0, O_READY},
     {"echo-lifetime", 1, 0, O_LIFETIME}, {"allow-remote", 0, 0, O_REMOTE}, {"procs", 1, 0, O_PROCS},
-    {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"gpu", 1, 0, O_GPU}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static int bad(const char *opt, const char *val)
 {
@@ -264,6 +268,7 @@ typedef struct bench_opts {
     int driver_given;        /* --driver or --transport was given */
     int pipeline, lifetime, allow_remote;
     int procs;               /* load processes (--procs) */
+    int gpu;                 /* --gpu (cuda-ipc) */
     double duration, warmup, grace;
     uint64_t max_requests, chunk;
     unsigned verify_n;
@@ -375,15 +380,15 @@ static int opt_driver(bench_opts *b, const char *name, const char *arg)
 #endif
 }
 
-/* --transport socket|shm|ring: 0, or 1 after the error. */
+/* --transport socket|shm|ring|cuda-ipc: 0, or 1 after the error. */
 static int opt_transport(bench_opts *b, const char *name, const char *arg)
 {
     if (!strcmp(arg, "socket"))
         return 0;
-    if (strcmp(arg, "shm") && strcmp(arg, "ring"))
+    if (strcmp(arg, "shm") && strcmp(arg, "ring") && strcmp(arg, "cuda-ipc"))
         return bad(name, arg);
 #ifdef LNORM_BENCH_HAVE_LIB
-    b->driver = strcmp(arg, "shm") ? LNORM__DRV_RING : LNORM__DRV_SHM;
+    b->driver = !strcmp(arg, "shm") ? LNORM__DRV_SHM : !strcmp(arg, "ring") ? LNORM__DRV_RING : LNORM__DRV_CUDA;
     return 0;
 #else
     fprintf(stderr, "lnorm-bench: built without the client library\n");
@@ -405,6 +410,7 @@ static int opt_other(bench_opts *b, int c, const char *name, const char *arg)
     case O_TRANSPORT: b->driver_given = 1; return opt_transport(b, name, arg);
     case O_CHUNK: if (lnorm__size_parse(arg, &b->chunk)) return bad(name, arg); return 0;
     case O_PIPE: if (parse_pos(arg, 1, 1024, &v)) return bad(name, arg); b->pipeline = (int)v; return 0;
+    case O_GPU: if (parse_pos(arg, 0, 1024, &v) || v != (int)v) return bad(name, arg); b->gpu = (int)v; return 0;
     case O_ECHO: b->echo = 1; return 0;
     case O_ECHO_ONLY: b->echo_only = 1; return 0;
     case O_ECHO_URL: b->echo_url = arg; return 0;
@@ -644,6 +650,7 @@ static void point_cfg(const bench_opts *b, int i, int tgt, const char *url, cons
     cfg->progress = b->progress;
     cfg->chunk_bytes = (size_t)b->chunk;
     cfg->pipeline_depth = b->pipeline;
+    cfg->gpu = b->gpu;
     cfg->server_pid = tgt ? (int)echod->pid : (b->spawn ? (int)lnormd->pid : 0);
 }
 
