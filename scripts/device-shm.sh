@@ -27,7 +27,7 @@ mkdir -p "$OUT"
 TMP=$(mktemp -d)
 LOG=$OUT/shm.log
 COMMIT=$(cat "$BIN/lnorm_commit.txt" 2>/dev/null || echo unknown)
-export LNORM_COMMIT=$COMMIT
+export LNORM_COMMIT=$COMMIT LNORM_BENCH_COMMIT=$COMMIT
 exec >"$LOG" 2>&1
 echo "date: $(date -u +%FT%TZ) commit: $COMMIT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
