@@ -459,6 +459,10 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
     if (b->nsegs == 0 && bb->nsegs == 0)
         return LNORM_OK;
     if (job->on_device) {
+        if (bb->nsegs) {
+            sl->why = "a job on GPU memory with backward segments (not supported)";
+            return LNORM_EINVAL;
+        }
         /* Every pointer is already memory of this GPU: the kernels run
          * where the tensors lie, on the slot's stream, so that one job's
          * launch overlaps the reply and the next request of another. */

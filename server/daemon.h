@@ -39,6 +39,9 @@ typedef struct lnorm__daemon {
     lnorm__stats stats;
     atomic_int serving;            /* 1 once ready, 0 while draining */
     atomic_int draining;           /* SIGINT/SIGTERM seen */
+    /* Requests on GPU memory with the backend: they skip the batcher, so
+     * shutdown waits for this to reach 0 before the transport goes. */
+    atomic_int dev_jobs;
     int stopping;                  /* the loop's handles are closing */
     uint64_t drain_start_ns;
     uint64_t last_stats_log_ns;

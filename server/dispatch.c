@@ -346,9 +346,14 @@ typedef struct lnorm__devjob {
     lnorm__daemon *d;
 } lnorm__devjob;
 
+/* GPU-memory requests in flight at most: device jobs share the backend's
+ * queue with the batcher's jobs, so they must never fill it. */
+#define LNORM__DEVJOBS_MAX 256
+
 static void lnorm__devjob_done(lnorm__job *job, int err, const char *why, uint64_t compute_ns)
 {
     lnorm__devjob *dj = (lnorm__devjob *)job;
+    lnorm__daemon *d = dj->d;
     lnorm__timing t = {0};
     uint64_t now = lnorm__now_ns();
     t.compute_us = compute_ns / 1000;
@@ -359,12 +364,20 @@ static void lnorm__devjob_done(lnorm__job *job, int err, const char *why, uint64
         atomic_fetch_add(&dj->d->stats.rows, dj->r->rows);
     lnorm__reply_done(dj->d, dj->r, err, why, &t);
     free(dj);
+    atomic_fetch_sub(&d->dev_jobs, 1); /* (after the reply: shutdown waits for it) */
 }
 
 static int lnorm__submit_device(lnorm__daemon *d, lnorm__req *r, char *err, size_t errlen)
 {
+    if (atomic_fetch_add(&d->dev_jobs, 1) >= LNORM__DEVJOBS_MAX) {
+        atomic_fetch_sub(&d->dev_jobs, 1);
+        snprintf(err, errlen, "GPU-memory requests in flight: lnormd takes at most %d at once; wait for replies",
+                 LNORM__DEVJOBS_MAX);
+        return LNORM_ELIMIT;
+    }
     lnorm__devjob *dj = calloc(1, sizeof *dj);
     if (!dj) {
+        atomic_fetch_sub(&d->dev_jobs, 1);
         snprintf(err, errlen, "out of memory");
         return LNORM_ENOMEM;
     }
@@ -381,6 +394,7 @@ static int lnorm__submit_device(lnorm__daemon *d, lnorm__req *r, char *err, size
     int rc = d->be->ops->submit(d->be, &dj->job);
     if (rc != LNORM_OK) {
         free(dj);
+        atomic_fetch_sub(&d->dev_jobs, 1);
         snprintf(err, errlen, "the backend did not take the GPU job: %s", lnorm_strerror(rc));
     }
     return rc;

@@ -485,6 +485,10 @@ out_regions:
     /* Every request still queued is failed, every running batch waited
      * for: after this no callback touches a request, a slot or params. */
     lnorm__batcher_abort(d->batcher);
+    /* Requests on GPU memory skip the batcher: their kernels finish, and
+     * their replies use the transport's slots. */
+    while (atomic_load(&d->dev_jobs) > 0)
+        usleep(1000);
     lnorm__transport_destroy(d->tp);
     lnorm__batcher_destroy(d->batcher);
 out_params:

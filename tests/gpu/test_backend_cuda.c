@@ -30,7 +30,8 @@
  *    checked against float64 once copied back; with fault_every = 3 and
  *    fallback cpu, exactly jobs 3, 6, 9 fail with LNORM_ECUDA (device
  *    pointers are never handed to the CPU fallback) and the counters say
- *    no batch was computed on the CPU.
+ *    no batch was computed on the CPU; a device job for a GPU the backend
+ *    does not have is refused (LNORM_ENODEV), never run elsewhere.
  * 6. Backward segments (lnorm_bwd_segment) in jobs beside forward ones,
  *    padded rows, stats given or not, dres, under big slots and under 1 MiB
  *    slots (temporary buffer), and with every third job faulted and
@@ -723,6 +724,12 @@ static long test_device_jobs(lnorm_rng *rng)
             CHECK_FAIL("%s: cudaMalloc", name);
             t->nsegs = -1;
         }
+    }
+    if (jobs[0].nsegs == 1) {
+        jobs[0].job.device = 99;
+        int rc = be->ops->submit(be, &jobs[0].job);
+        CHECK(rc == LNORM_ENODEV, "%s: a job on GPU 99: %s (want ENODEV)", name, lnorm_errname(rc));
+        jobs[0].job.device = 0;
     }
     int sent = 0;
     for (int j = 0; j < NDEV; j++) {
