@@ -15,7 +15,7 @@ def rows(d):
         keep = ("rows", "hidden", "dtype", "us_per_request", "server_compute_us", "server_queue_us", "gbps_x_plus_y",
                 "device_copy_gbps", "kernel_in_process_gbps", "ratio_to_copy", "concurrency",
                 "pipelined_us_per_request", "pipelined_server_compute_us", "pipelined_gbps_x_plus_y",
-                "pipelined_ratio_to_copy", "checks_failed")
+                "pipelined_ratio_to_copy", "checks_run", "checks_failed")
         yield dict({"mode": "cuda-ipc"}, **{k: d[k] for k in keep if k in d})
         return
     tags = d.get("tags", {})

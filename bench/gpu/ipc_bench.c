@@ -440,11 +440,11 @@ int main(int argc, char **argv)
                     "\"us_per_request\": %.2f, \"server_compute_us\": %.2f, \"server_queue_us\": %.2f, \"gbps_x_plus_y\": %.1f, \"device_copy_gbps\": %.1f, \"kernel_in_process_gbps\": %.1f, "
                     "\"ratio_to_copy\": %.3f, \"concurrency\": %d, \"pipelined_us_per_request\": %.2f, "
                     "\"pipelined_server_compute_us\": %.2f, \"pipelined_gbps_x_plus_y\": %.1f, "
-                    "\"pipelined_ratio_to_copy\": %.3f, \"checks_failed\": %d}\n",
+                    "\"pipelined_ratio_to_copy\": %.3f, \"checks_run\": %s, \"checks_failed\": %d}\n",
                     prop.name, date, commit ? commit : "unknown", lnorm_dtype_name(dt), (unsigned long long)rows,
                     (unsigned long long)hidden, iters, per_req_us, compute_us, queue_us, gbps, copy_gbps, kernel_gbps,
                     copy_gbps > 0 ? gbps / copy_gbps : 0, conc, pipe_us, pipe_compute_us, pipe_gbps,
-                    copy_gbps > 0 ? pipe_gbps / copy_gbps : 0, check_failures());
+                    copy_gbps > 0 ? pipe_gbps / copy_gbps : 0, checks ? "true" : "false", check_failures());
             fclose(f);
         }
     }

@@ -31,19 +31,21 @@ int lnorm__devmem_alloc(int gpu, size_t n, void **d, unsigned char handle[LNORM_
     return 0;
 }
 
-int lnorm__devmem_put(void *d, const void *h, size_t n)
+/* (The calling thread's current GPU is set first: otherwise a thread that
+ * never chose one would use, and create a context on, GPU 0.) */
+int lnorm__devmem_put(int gpu, void *d, const void *h, size_t n)
 {
-    return cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+    return cudaSetDevice(gpu) == cudaSuccess && cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
 }
 
-int lnorm__devmem_get(void *h, const void *d, size_t n)
+int lnorm__devmem_get(int gpu, void *h, const void *d, size_t n)
 {
-    return cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    return cudaSetDevice(gpu) == cudaSuccess && cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 }
 
-void lnorm__devmem_free(void *d)
+void lnorm__devmem_free(int gpu, void *d)
 {
-    if (d)
+    if (d && cudaSetDevice(gpu) == cudaSuccess)
         cudaFree(d);
 }
 
@@ -61,24 +63,27 @@ int lnorm__devmem_alloc(int gpu, size_t n, void **d, unsigned char handle[LNORM_
     return -1;
 }
 
-int lnorm__devmem_put(void *d, const void *h, size_t n)
+int lnorm__devmem_put(int gpu, void *d, const void *h, size_t n)
 {
+    (void)gpu;
     (void)d;
     (void)h;
     (void)n;
     return -1;
 }
 
-int lnorm__devmem_get(void *h, const void *d, size_t n)
+int lnorm__devmem_get(int gpu, void *h, const void *d, size_t n)
 {
+    (void)gpu;
     (void)h;
     (void)d;
     (void)n;
     return -1;
 }
 
-void lnorm__devmem_free(void *d)
+void lnorm__devmem_free(int gpu, void *d)
 {
+    (void)gpu;
     (void)d;
 }
 

@@ -12,10 +12,11 @@
  * with the reason in err. */
 int lnorm__devmem_alloc(int gpu, size_t n, void **d, unsigned char handle[LNORM__DEVMEM_HANDLE_BYTES], char *err,
                         size_t errlen);
-/* Copies between host and device memory (synchronous): 0 or -1. */
-int lnorm__devmem_put(void *d, const void *h, size_t n);
-int lnorm__devmem_get(void *h, const void *d, size_t n);
-/* Free an allocation (NULL is a no-op). */
-void lnorm__devmem_free(void *d);
+/* Copies between host and device memory of GPU gpu (synchronous; any
+ * thread): 0 or -1. */
+int lnorm__devmem_put(int gpu, void *d, const void *h, size_t n);
+int lnorm__devmem_get(int gpu, void *h, const void *d, size_t n);
+/* Free an allocation of GPU gpu (NULL is a no-op). */
+void lnorm__devmem_free(int gpu, void *d);
 
 #endif

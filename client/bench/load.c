@@ -118,6 +118,8 @@ struct run {
     /* shm, ring and cuda drivers: inputs and outputs in one region */
     lnorm_shm *shm;
     void *dev;           /* cuda: the GPU allocation that is the region */
+    _Atomic int dev_busy; /* cuda: a request ended without its reply (lnormd may
+                             still use the region: never freed, left to exit) */
     void **tin;          /* per template: x, residual, gamma, beta in the region */
     lnorm_ring *ring;
     pthread_t reaper;
@@ -304,15 +306,15 @@ static void complete(slot *s, int kind, const lnorm__reply *rep, size_t tx, size
         slot_start(s, now);
 }
 
-/* A host copy of p (dev: GPU memory). */
-static void *dup_bytes(const void *p, size_t n, int dev)
+/* A host copy of p (gpu >= 0: memory of that GPU). */
+static void *dup_bytes(const void *p, size_t n, int gpu)
 {
     if (!p || !n)
         return NULL;
     void *d = malloc(n);
-    if (d && !dev)
+    if (d && gpu < 0)
         memcpy(d, p, n);
-    else if (d && lnorm__devmem_get(d, p, n) != 0)
+    else if (d && lnorm__devmem_get(gpu, d, p, n) != 0)
         memset(d, 0xFF, n); /* poison: the check then fails and says so */
     return d;
 }
@@ -329,12 +331,12 @@ static void take_sample(slot *s, const void *y, size_t yl, const void *mean, siz
     if (i >= r->cfg->verify_n)
         return;
     sample *sm = &r->samples[i];
-    const int dev = r->cfg->driver == LNORM__DRV_CUDA;
+    const int gpu = r->cfg->driver == LNORM__DRV_CUDA ? r->cfg->gpu : -1;
     sm->tmpl = s->tmpl;
-    sm->y = dup_bytes(y, yl, dev), sm->y_len = yl;
-    sm->mean = dup_bytes(mean, ml, dev), sm->mean_len = ml;
-    sm->rstd = dup_bytes(rstd, rl, dev), sm->rstd_len = rl;
-    sm->res_out = dup_bytes(ro, rol, dev), sm->res_out_len = rol;
+    sm->y = dup_bytes(y, yl, gpu), sm->y_len = yl;
+    sm->mean = dup_bytes(mean, ml, gpu), sm->mean_len = ml;
+    sm->rstd = dup_bytes(rstd, rl, gpu), sm->rstd_len = rl;
+    sm->res_out = dup_bytes(ro, rol, gpu), sm->res_out_len = rol;
 }
 
 static int nng_kind(const run *r, int rv)
@@ -550,6 +552,8 @@ static void shm_cb(void *arg, int err, const lnorm_result *res)
             kind = LNORM__EK_TIMEOUT;
         else
             kind = LNORM__EK_TRANSPORT;
+        if (kind == LNORM__EK_ABORTED || kind == LNORM__EK_TIMEOUT || kind == LNORM__EK_TRANSPORT)
+            atomic_store(&s->r->dev_busy, 1);
     } else if (res) {
         rep.has_timings = 1;
         rep.queue_us = res->queue_us;
@@ -761,14 +765,14 @@ static int open_lib(run *r, char *err, size_t errlen)
 }
 #endif
 
-/* Copy n bytes into the region (GPU memory: dev): 0 or -1. */
-static int region_put(void *d, const void *src, size_t n, int dev)
+/* Copy n bytes into the region (gpu >= 0: memory of that GPU): 0 or -1. */
+static int region_put(void *d, const void *src, size_t n, int gpu)
 {
-    if (!dev) {
+    if (gpu < 0) {
         memcpy(d, src, n);
         return 0;
     }
-    return lnorm__devmem_put(d, src, n);
+    return lnorm__devmem_put(gpu, d, src, n);
 }
 
 /* shm, ring and cuda drivers: one region (host memory; cuda: GPU memory
@@ -777,7 +781,7 @@ static int region_put(void *d, const void *src, size_t n, int dev)
 static int open_shm(run *r, char *err, size_t errlen)
 {
     const lnorm__work *w = r->w;
-    const int dev = r->cfg->driver == LNORM__DRV_CUDA;
+    const int dev = r->cfg->driver == LNORM__DRV_CUDA, gpu = dev ? r->cfg->gpu : -1;
     if (w->wl.params == LNORM__PARAMS_REGISTERED) {
         snprintf(err, errlen, "--transport shm|ring|cuda-ipc: registered params are not supported (use inline params)");
         return -1;
@@ -825,19 +829,19 @@ static int open_shm(run *r, char *err, size_t errlen)
     size_t o = UP(off);
     for (size_t i = 0; i < w->nt; i++) {
         const lnorm__tmpl *t = &w->t[i];
-        int bad = region_put(b + o, t->x, t->x_bytes, dev);
+        int bad = region_put(b + o, t->x, t->x_bytes, gpu);
         r->tin[4 * i] = b + o;
         o += UP(t->x_bytes);
         if (t->residual) {
-            bad |= region_put(b + o, t->residual, t->x_bytes, dev);
+            bad |= region_put(b + o, t->residual, t->x_bytes, gpu);
             r->tin[4 * i + 1] = b + o;
             o += UP(t->x_bytes);
         }
         if (t->gamma) {
-            bad |= region_put(b + o, t->gamma, t->sh.hidden * 4, dev);
+            bad |= region_put(b + o, t->gamma, t->sh.hidden * 4, gpu);
             r->tin[4 * i + 2] = b + o;
             o += UP(t->sh.hidden * 4);
-            bad |= region_put(b + o, t->beta, t->sh.hidden * 4, dev);
+            bad |= region_put(b + o, t->beta, t->sh.hidden * 4, gpu);
             r->tin[4 * i + 3] = b + o;
             o += UP(t->sh.hidden * 4);
         }
@@ -899,16 +903,25 @@ static void close_transport_now(run *r)
         for (int i = 0; i < n; i++)
             complete(&r->slots[r->pend[i]], LNORM__EK_ABORTED, NULL, 0, 0);
     }
+    int unregistered = 1;
     if (r->shm) {
-        lnorm_shm_destroy(r->shm, NULL);
+        unregistered = lnorm_shm_destroy(r->shm, NULL) == LNORM_OK;
         r->shm = NULL;
         r->ring = NULL;
     }
-    lnorm__devmem_free(r->dev); /* (after lnormd let go of it) */
-    r->dev = NULL;
     if (r->cli) {
-        lnorm_client_close(r->cli);
+        lnorm_client_close(r->cli); /* (every callback has run after it) */
         r->cli = NULL;
+    }
+    if (r->dev) {
+        /* GPU memory lent to lnormd is freed only once lnormd let go of it:
+         * unregistered, and no request of it left without a reply. */
+        if (unregistered && !atomic_load(&r->dev_busy))
+            lnorm__devmem_free(r->cfg->gpu, r->dev);
+        else
+            fprintf(stderr, "lnorm-bench: %s: the GPU region may still be in use by lnormd: kept until exit\n",
+                    r->cfg->label);
+        r->dev = NULL;
     }
 #endif
     if (r->sock_open) {

@@ -23,7 +23,7 @@ fi
 # the run fails, exits non-zero and says why, naming CUDA or the GPU.
 rc=0
 "$BENCH" --spawn "$LNORMD" --transport cuda-ipc --rows 4 --hidden 256 --duration 1 --warmup 0.2 \
-    --no-progress -- --cpu-threads 1 --allow-shm >"$WORK/cuda.txt" 2>&1 || rc=$?
+    --no-progress -- --backend cpu --cpu-threads 1 --allow-shm >"$WORK/cuda.txt" 2>&1 || rc=$?
 if [ "$rc" -eq 0 ] || ! grep -q "failed: .*\(CUDA\|GPU\)" "$WORK/cuda.txt"; then
     echo "bench.smoke: --transport cuda-ipc on a CPU lnormd: exit $rc, no reason given:" >&2
     cat "$WORK/cuda.txt" >&2
