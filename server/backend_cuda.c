@@ -892,17 +892,18 @@ static int lnorm__cuda_submit(lnorm__backend *base, lnorm__job *job)
      * the fewest jobs in hand (a racy read is fine: it only spreads the
      * load). */
     lnorm__cuda_gpu *g = &be->gpus[0];
-    int best = atomic_load_explicit(&g->inflight, memory_order_relaxed);
     if (job->on_device) {
         g = lnorm__cuda_gpu_of(be, job->device);
         if (!g)
             return LNORM_ENODEV;
-    }
-    for (int i = 1; i < be->ngpus && !job->on_device; i++) {
-        int n = atomic_load_explicit(&be->gpus[i].inflight, memory_order_relaxed);
-        if (n < best) {
-            best = n;
-            g = &be->gpus[i];
+    } else {
+        int best = atomic_load_explicit(&g->inflight, memory_order_relaxed);
+        for (int i = 1; i < be->ngpus; i++) {
+            int n = atomic_load_explicit(&be->gpus[i].inflight, memory_order_relaxed);
+            if (n < best) {
+                best = n;
+                g = &be->gpus[i];
+            }
         }
     }
     pthread_mutex_lock(&g->mu);
