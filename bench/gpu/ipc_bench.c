@@ -229,10 +229,11 @@ static double run_pipelined(lnorm_client *cl, const dev_case *c, int conc, int t
         q[k].y = y_of(c, k);
         ps.free_[ps.nfree++] = k;
     }
-    int sent = 0, done = 0;
+    int sent = 0;
     double t0 = now_s();
     pthread_mutex_lock(&ps.mu);
-    while (done < sent || (sent < total && !ps.failed)) {
+    /* (in flight: conc - nfree) */
+    while (ps.nfree < conc || (sent < total && !ps.failed)) {
         while (ps.nfree > 0 && sent < total && !ps.failed) {
             int k = ps.free_[--ps.nfree];
             pthread_mutex_unlock(&ps.mu);
@@ -246,10 +247,8 @@ static double run_pipelined(lnorm_client *cl, const dev_case *c, int conc, int t
             }
             sent++;
         }
-        done = sent - (conc - ps.nfree);
-        if (done < sent)
+        if (ps.nfree < conc)
             pthread_cond_wait(&ps.cv, &ps.mu);
-        done = sent - (conc - ps.nfree);
     }
     pthread_mutex_unlock(&ps.mu);
     double per = (now_s() - t0) / (sent > 0 ? sent : 1);
