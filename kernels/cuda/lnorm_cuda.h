@@ -94,7 +94,8 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * pass instead of holding it in registers, in the tiers of 128 threads a
  * row and more: off, where it pays (default), wherever the straight-line
  * form runs, and in the 1024-thread one-CTA tier instead of the bulk
- * kernel); "bwd_grid" N >= 0 (the backward's main launches use at most N
+ * kernel); "fwd_grid" N >= 0 (the fast and bulk kernels use at most N
+ * CTAs (clusters), each then taking many rows; 0 = no cap); "bwd_grid" N >= 0 (the backward's main launches use at most N
  * CTAs (clusters), which then loop over the row groups; 0 = one a group);
  * "defaults" 0 puts every setting back. Returns LNORM_EINVAL for an
  * unknown name or value. */

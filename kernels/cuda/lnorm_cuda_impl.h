@@ -66,6 +66,10 @@ extern int lnorm__bulk_ctas_override;
  * 1024-thread CTAs), 1 persistent (a few waves of resident CTAs looping
  * over the tiles), 2 one tile a CTA. */
 extern int lnorm__fast_grid;
+/* Cap on the CTAs (clusters) of a k_fast or k_bulk launch, 0 = none
+ * (lnorm_cuda_set_tuning "fwd_grid"; the tests' long lists of deferred
+ * rows); never changes the bits. */
+extern int lnorm__fwd_grid;
 /* k_fast's straight-line form (AL: vector accesses only, for segments
  * whose x, y, gamma, beta, strides and H are whole 16-byte units): 0
  * never, 1 where it pays (lnorm__al_pays), 2 wherever rows allow. */

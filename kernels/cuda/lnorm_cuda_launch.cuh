@@ -209,8 +209,12 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         stages = lnorm__bulk_stages_override;
     const size_t smem = (size_t)(stages * stage_bytes);
     const int64_t tiles = (p->total_rows + RPC - 1) / RPC;
+    if (tiles >= (int64_t)0xffffffff)
+        return cudaErrorInvalidValue; /* a deferred row's key is its tile, 32 bits (RowDefer) */
     if constexpr (CL == 1) {
-        const int64_t cap = (int64_t)sms * n;
+        int64_t cap = (int64_t)sms * n;
+        if (lnorm__fwd_grid > 0 && lnorm__fwd_grid < cap)
+            cap = lnorm__fwd_grid;
         const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
         kern<<<grid, BLOCK, smem, st>>>(*p, stages);
         return cudaGetLastError();
@@ -223,7 +227,9 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
             (void)cudaGetLastError();
             return cudaErrorInvalidValue;
         }
-        const int64_t cl = tiles < ncl ? tiles : ncl;
+        int64_t cl = tiles < ncl ? tiles : ncl;
+        if (lnorm__fwd_grid > 0 && lnorm__fwd_grid < cl)
+            cl = lnorm__fwd_grid;
         cfg.gridDim = dim3((unsigned)(cl * CL), 1, 1);
         return cudaLaunchKernelEx(&cfg, kern, *p, stages);
     }
@@ -266,7 +272,9 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
     const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && (BLOCK < 1024 || rr));
-    const int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
+    int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
+    if (lnorm__fwd_grid > 0 && lnorm__fwd_grid < cap)
+        cap = lnorm__fwd_grid;
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
     e = cudaGetLastError();

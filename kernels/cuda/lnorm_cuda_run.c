@@ -68,6 +68,7 @@ int lnorm__bulk_enabled = LNORM__INIT_BULK;
 int lnorm__bulk_stages_override = 0;
 int lnorm__bulk_ctas_override = 0;
 int lnorm__fast_grid = 0;
+int lnorm__fwd_grid = 0;
 int lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
 int lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
 int lnorm__bwd_grid = 0; /* lnorm_cuda_bwd_impl.h */
@@ -101,6 +102,7 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_stages_override = 0;
         lnorm__bulk_ctas_override = 0;
         lnorm__fast_grid = 0;
+        lnorm__fwd_grid = 0;
         lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
         lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
         lnorm__bwd_grid = 0;
@@ -112,6 +114,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bulk_ctas_override = value;
     else if (!strcmp(name, "fast_grid") && value >= 0 && value <= 2)
         lnorm__fast_grid = value;
+    else if (!strcmp(name, "fwd_grid") && value >= 0)
+        lnorm__fwd_grid = value;
     else if (!strcmp(name, "fast_aligned") && value >= 0 && value <= 2)
         lnorm__fast_aligned = value;
     else if (!strcmp(name, "fast_reread") && value >= 0 && value <= 2)
@@ -169,6 +173,24 @@ static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
     return t->tpr <= 512;
 }
 
+/* Whether the fast kernels may defer a segment's rows that need the rescue
+ * (RowDefer, lnorm_cuda_fast.cuh): they link such rows through the first
+ * 4 bytes of y (more in the cluster tiers, whose rows are long) and read
+ * them again from x, so y rows of at least 4 bytes whose memory does not
+ * overlap x's. Else the general kernel, with the same bits. */
+static int lnorm__defer_ok(const lnorm_segment *s)
+{
+    const size_t ys = lnorm_dtype_size(s->y_dtype), xs = lnorm_dtype_size(s->x_dtype);
+    if ((size_t)s->hidden * ys < 4)
+        return 0;
+    if (s->rows <= 0)
+        return 1;
+    const uintptr_t x0 = (uintptr_t)s->x, y0 = (uintptr_t)s->y;
+    const uintptr_t x1 = x0 + ((size_t)(s->rows - 1) * (size_t)s->x_stride + (size_t)s->hidden) * xs;
+    const uintptr_t y1 = y0 + ((size_t)(s->rows - 1) * (size_t)s->y_stride + (size_t)s->hidden) * ys;
+    return y1 <= x0 || x1 <= y0;
+}
+
 /* The fast-path variant of a segment (LNORM__FAST_*, plus LNORM__FAST_BULK
  * when its rows can be bulk-copied), from the segment alone (never from its
  * batch companions, so a row takes the same path alone or in any batch; the
@@ -180,6 +202,8 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
     if (tier < 0 || tier >= LNORM__NREG_TIERS)
         return LNORM__FAST_NONE;
     if (s->y_dtype != s->x_dtype || s->residual)
+        return LNORM__FAST_NONE;
+    if (!lnorm__defer_ok(s))
         return LNORM__FAST_NONE;
     const int rms = s->op == LNORM_OP_RMSNORM;
     const int has_param = s->gamma || s->beta;

@@ -170,7 +170,9 @@ static lnorm_segment seg(int op, int dt, int64_t rows, int64_t hidden, size_t xo
     lnorm_segment s;
     lnorm_segment_init(&s, (lnorm_op)op, (lnorm_dtype)dt, rows, hidden);
     s.x = g_mem + xoff;
-    s.y = g_mem + 4096 + yoff;
+    /* y far from x (never dereferenced: the launches are recorded), so that
+     * no segment's y overlaps its x (lnorm__defer_ok) */
+    s.y = (void *)((uintptr_t)(g_mem + 4096 + yoff) + ((uintptr_t)1 << 40));
     s.gamma = g_mem + 8192 + poff;
     s.beta = op == LNORM_OP_LAYERNORM ? g_mem + 12288 + poff : NULL;
     return s;
@@ -436,10 +438,35 @@ static void batch(int al_setting)
     tune(1, 1);
 }
 
+/* Segments the fast kernels may not defer rows of (lnorm__defer_ok) take
+ * the general kernel: y over x (in place, or overlapping), y rows shorter
+ * than the 4-byte link. The same segments apart take the fast path. */
+static void defer_routing(void)
+{
+    lnorm_segment s = seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
+    CHECK(variant_of(&s) != LNORM__FAST_NONE, "bf16 RMS H=1024, y apart: the fast path");
+    s.y = (void *)s.x;
+    CHECK(variant_of(&s) == LNORM__FAST_NONE, "in place: the general kernel");
+    s.y = g_mem + 2 * 1024 * 2; /* rows 2-3 of x */
+    CHECK(variant_of(&s) == LNORM__FAST_NONE, "y overlapping x: the general kernel");
+    s.y = g_mem + 4 * 1024 * 2; /* just past x */
+    CHECK(variant_of(&s) != LNORM__FAST_NONE, "y just past x: the fast path");
+    lnorm_segment t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 8, 1, 0, 0, 0);
+    CHECK(variant_of(&t) == LNORM__FAST_NONE, "bf16 H=1 (2-byte y rows): the general kernel");
+    t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 8, 2, 0, 0, 0);
+    CHECK(variant_of(&t) != LNORM__FAST_NONE, "bf16 H=2: the fast path");
+    t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 8, 1, 0, 0, 0);
+    CHECK(variant_of(&t) != LNORM__FAST_NONE, "f32 H=1: the fast path");
+    CHECK(lnorm_cuda_set_tuning("fwd_grid", 3) == LNORM_OK && lnorm__fwd_grid == 3, "fwd_grid 3 must be taken");
+    CHECK(lnorm_cuda_set_tuning("fwd_grid", -1) == LNORM_EINVAL, "fwd_grid -1 must be refused");
+    CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK && lnorm__fwd_grid == 0, "defaults: fwd_grid back to 0");
+}
+
 int main(void)
 {
     tiers();
     variants();
+    defer_routing();
     batch(1);
     batch(0);
     batch(2);

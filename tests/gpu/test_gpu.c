@@ -21,7 +21,8 @@
  *     float64 and bit-identical to the fixed-share runs.
  *  8. Rows at the edges of fp32 (overflowing and subnormal sums) in every
  *     tier against float64 and the CPU backend, bit-identical through
- *     every kernel of the tier (edges).
+ *     every kernel of the tier (edges); the fast kernels' deferred rows in
+ *     long lists, on small grids and in place (deferred_lists).
  * Usage: test_gpu [--quick | --dyn | --edges]  (--quick: a reduced set for
  * compute-sanitizer; --dyn: part 7's many-fill runs alone; --edges: part 8
  * alone)
@@ -891,6 +892,125 @@ static void edges(lnorm_rng *g, int quick)
     printf("edges of fp32: %ld cases, %ld runs: %s\n", cases, nruns, check_failures() > f0 ? "FAIL" : "ok");
 }
 
+/* Rows deferred by the fast kernels (RowDefer, lnorm_cuda_fast.cuh): many
+ * of them a CTA, so that each scope (a warp, a CTA, a cluster) keeps a long
+ * list linked through y. Every third row a row of N(0, 1e19) (whose sums
+ * overflow), the others ordinary; grids capped at 1 and 2 CTAs (clusters)
+ * ("fwd_grid"), in every form (aligned, re-read, bulk forced, dynamic
+ * tiles), each against float64 and bit-identical to the general kernel;
+ * then in place (y = x), which the host gives to the general kernel (the
+ * link would overwrite x): the same bits again. */
+static void deferred_lists(lnorm_rng *g, int quick)
+{
+    static const int64_t hs[] = {30, 200, 1000, 4096, 8000, 20000, 40000, 131072};
+    static const struct {
+        const char *name;
+        int res, grid, bulk, aligned, reread, dyn;
+    } runs[] = {{"general kernel (zero residual)", 1, 0, 1, 1, 1, 0},
+                {"default", 0, 0, 1, 1, 1, 0},
+                {"grid 1", 0, 1, 1, 1, 1, 0},
+                {"grid 2, aligned form", 0, 2, 0, 2, 0, 0},
+                {"grid 1, re-read form", 0, 1, 0, 2, 2, 0},
+                {"grid 1, bulk forced", 0, 1, 2, 1, 1, 0},
+                {"grid 2, bulk forced, dynamic tiles", 0, 2, 2, 1, 1, 1}};
+    lnorm_cuda_ws *ws = NULL;
+    if (lnorm_cuda_ws_create(&ws, 1) != LNORM_OK) {
+        CHECK_FAIL("deferred: lnorm_cuda_ws_create");
+        return;
+    }
+    const int f0 = check_failures();
+    long cases = 0;
+    for (int op = LNORM_OP_LAYERNORM; op <= LNORM_OP_RMSNORM; op++)
+        for (int xi = 0; xi < 2; xi++)
+            for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++) {
+                if (quick && (hi + (size_t)op + (size_t)xi) % 3)
+                    continue;
+                const int xdt = xi ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32;
+                lnorm_test_case_cfg c = {.op = op, .x_dtype = xdt, .param_dtype = xdt,
+                                         .rows = hs[hi] <= 8000 ? 300 : 24, .hidden = hs[hi], .gamma = 1,
+                                         .beta = op == LNORM_OP_LAYERNORM, .residual = 1, .stats = 1};
+                const char *tdesc = "?";
+                lnorm_cuda_tier(xdt, c.hidden, &tdesc);
+                char label[200];
+                snprintf(label, sizeof label, "deferred op=%s x=%s H=%lld tier=%s",
+                         op == LNORM_OP_LAYERNORM ? "ln" : "rms", lnorm_dtype_name(xdt), (long long)c.hidden, tdesc);
+                lnorm_test_case tc;
+                if (lnorm_test_case_make(&tc, &c, g) != LNORM_OK) {
+                    CHECK_FAIL("%s: out of memory", label);
+                    continue;
+                }
+                cases++;
+                memset(tc.residual, 0, tc.res_bytes);
+                for (int64_t r = 0; r < c.rows; r += 3)
+                    for (int64_t k = 0; k < c.hidden; k++)
+                        lnorm_test_set(tc.x, xdt, (size_t)(r * tc.seg.x_stride + k), 1e19 * lnorm_rng_normal(g));
+                outs first;
+                int have_first = 0;
+                for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
+                    if (lnorm_cuda_set_tuning("bulk", runs[ri].bulk) ||
+                        lnorm_cuda_set_tuning("fast_aligned", runs[ri].aligned) ||
+                        lnorm_cuda_set_tuning("fast_reread", runs[ri].reread) ||
+                        lnorm_cuda_set_tuning("fwd_grid", runs[ri].grid)) {
+                        CHECK_FAIL("%s: lnorm_cuda_set_tuning refused", label);
+                        break;
+                    }
+                    lnorm_test_case t2 = tc;
+                    if (!runs[ri].res) {
+                        t2.seg.residual = NULL;
+                        t2.seg.residual_out = NULL;
+                        t2.residual = NULL;
+                        t2.residual_out = NULL;
+                    }
+                    const char *why = NULL;
+                    int err = gpu_run_ws(&t2, 0, runs[ri].dyn ? ws : NULL, &why);
+                    if (err) {
+                        CHECK_FAIL("%s (%s): %s (%s)", label, runs[ri].name, lnorm_errname(err), why ? why : "");
+                        break;
+                    }
+                    if (lnorm_test_check_segment(&t2.seg, NULL, label))
+                        CHECK_FAIL("%s (%s): wrong against the float64 reference", label, runs[ri].name);
+                    lnorm_test_case y_only = t2;
+                    y_only.residual_out = NULL;
+                    if (!have_first)
+                        have_first = outs_take(&first, &y_only) == 0;
+                    else if (!outs_same(&first, &y_only))
+                        CHECK_FAIL("%s: %s differs from %s", label, runs[ri].name, runs[0].name);
+                }
+                lnorm_cuda_set_tuning("defaults", 0);
+                /* In place: y = x on the device. */
+                if (have_first) {
+                    lnorm_test_case t2 = tc;
+                    t2.seg.residual = t2.seg.residual_out = NULL;
+                    t2.residual = t2.residual_out = NULL;
+                    lnorm_test_case_repoison(&t2);
+                    lnorm_gpu_case gc;
+                    const char *why = NULL;
+                    int err = lnorm_gpu_case_make(&gc, &t2, 0);
+                    if (err == LNORM_OK) {
+                        gc.seg.y = (void *)gc.seg.x;
+                        gc.seg.y_stride = gc.seg.x_stride;
+                        err = lnorm_cuda_run_segment(&gc.seg, NULL, &why);
+                        if (err == LNORM_OK && (lnorm_gpu_case_fetch(&gc, &t2) != LNORM_OK ||
+                                                cudaMemcpy(t2.y, gc.seg.x, t2.y_bytes, cudaMemcpyDeviceToHost) !=
+                                                    cudaSuccess))
+                            err = LNORM_ECUDA;
+                        lnorm_gpu_case_free(&gc);
+                    }
+                    if (err)
+                        CHECK_FAIL("%s (in place): %s (%s)", label, lnorm_errname(err), why ? why : "");
+                    else if (!outs_same(&first, &t2))
+                        CHECK_FAIL("%s: in place differs from %s", label, runs[0].name);
+                }
+                if (have_first)
+                    outs_free(&first);
+                lnorm_test_case_free(&tc);
+            }
+    lnorm_cuda_set_tuning("defaults", 0);
+    lnorm_cuda_ws_destroy(ws);
+    g_cases += cases;
+    printf("deferred rows, long lists: %ld cases: %s\n", cases, check_failures() > f0 ? "FAIL" : "ok");
+}
+
 /* Bad input gets LNORM_EINVAL and runs nothing. */
 static void bad_input(void)
 {
@@ -976,6 +1096,7 @@ int main(int argc, char **argv)
     lnorm_rng_seed(&g, 0x6e7d5eedu);
     if (argc > 1 && !strcmp(argv[1], "--edges")) { /* this part alone */
         edges(&g, 0);
+        deferred_lists(&g, 0);
         lnorm_cpu_destroy(g_cpu);
         printf("%ld cases\n", g_cases);
         return check_finish("test_gpu --edges");
@@ -992,6 +1113,7 @@ int main(int argc, char **argv)
     bulk_pipeline(&g, quick);
     bulk_table(&g);
     edges(&g, quick);
+    deferred_lists(&g, quick);
     if (!quick)
         dyn_wrap(&g);
     sweep(&g, quick);
