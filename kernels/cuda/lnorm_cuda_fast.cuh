@@ -512,16 +512,20 @@ template <typename F> struct RowDefer {
         }
         any = true;
     }
-    /* The scope's head, on every thread of the scope (NIL: none left). */
+    /* The scope's head, on every thread of the scope (NIL: none left). The
+     * leader's read comes after a barrier (a warp's, or the CTA's): the
+     * compiler may issue it on every thread and keep the leader's value, and
+     * without the barrier that read would race with the leader's writes. */
     __device__ __forceinline__ uint32_t first(uint32_t *slot) const
     {
-        const uint32_t v = leader() ? head() : 0u;
         if constexpr (WARP) {
+            __syncwarp();
+            const uint32_t v = leader() ? head() : 0u;
             return __shfl_sync(0xffffffffu, v, 0);
         } else {
             __syncthreads();
             if (threadIdx.x == 0)
-                *slot = v;
+                *slot = head();
             __syncthreads();
             return *slot;
         }
