@@ -15,11 +15,17 @@ LayerNorm); each allocates dx per call. GB/s = 3 x N x H x element bytes (x and 
 read, dx written) / median time (triton.testing.do_bench), N x H = 2^26 by default.
 Each row also checks every dx against torch eager's (max |dx - eager| / max |eager|)
 and lnormd's dgamma/dbeta against eager's.
+
+With --previous LIB (the library of an earlier kernel tree), each row also times that
+tree's backward on the same tensors, in --prev-rounds rounds alternating with this
+tree's (lnormd_prev_build; lnormd_vs_prev = ratio of the medians), and checks that
+both give the same dx, dgamma and dbeta bits (prev_same_bits).
 """
 import ctypes
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -100,6 +106,11 @@ def peer_forward(name, op, x, w, b, peers, comp):
 
 def main_bwd(a, lib):
     bind_bwd(lib)
+    prev = None
+    if a.previous:
+        from lnorm_lib import load_lib  # (bench/, this file's folder)
+        prev = load_lib(a.previous)
+        bind_bwd(prev)
     peers, peer_why = ({}, {}) if a.no_peers else load_peers(a.peers)
     names = ["torch_eager", "torch_compile"] + [n for n in ("liger", "flash_attn") if n in peers]
     if a.no_peers:
@@ -131,6 +142,14 @@ def main_bwd(a, lib):
                "copy_gbs": copy_gbs, "peers": names, "peers_not_loaded": peer_why,
                "torch": torch.__version__, "triton": triton.__version__,
                "torch_compile_seconds": compile_spent, "rows": rows}
+        if prev is not None and rows:
+            r = sorted(row["lnormd_vs_prev"] for row in rows)
+            out["previous_build"] = {
+                "what": f"lnormd's kernels of commit {a.prev_commit} on the same tensors, {a.prev_rounds} rounds "
+                        "alternating with this tree's; ratio = median new / median previous (GB/s)",
+                "commit": a.prev_commit,
+                "ratio_new_over_prev": {"min": r[0], "median": statistics.median(r), "max": r[-1]},
+                "same_bits_every_row": all(row["prev_same_bits"] for row in rows)}
         with open(jpath, "w") as f:
             json.dump(out, f, indent=1)
     torch.manual_seed(0)
@@ -170,19 +189,38 @@ def main_bwd(a, lib):
                 dg = torch.empty(H, device="cuda", dtype=torch.float32)
                 db = torch.empty(H, device="cuda", dtype=torch.float32) if op == "ln" else None
 
-                def lnormd(out=None):
+                def lnormd(out=None, lb=lib, dgv=dg, dbv=db):
                     dx = torch.empty_like(x) if out is None else out
-                    rc = lib.lnorm_cuda_norm_bwd(OPS[op], DT[dtype], 0, 0, 0, N, H, 0, 0, 0, x.data_ptr(),
-                                                 dy.data_ptr(), dx.data_ptr(), None, w.data_ptr(),
-                                                 mean.data_ptr() if mean is not None else None, rstd.data_ptr(),
-                                                 dg.data_ptr(), db.data_ptr() if db is not None else None, EPS, 0,
-                                                 stream, scratch.data_ptr(), nbytes)
+                    rc = lb.lnorm_cuda_norm_bwd(OPS[op], DT[dtype], 0, 0, 0, N, H, 0, 0, 0, x.data_ptr(),
+                                                dy.data_ptr(), dx.data_ptr(), None, w.data_ptr(),
+                                                mean.data_ptr() if mean is not None else None, rstd.data_ptr(),
+                                                dgv.data_ptr(), dbv.data_ptr() if dbv is not None else None, EPS, 0,
+                                                stream, scratch.data_ptr(), nbytes)
                     if rc != 0:
                         raise RuntimeError(f"lnorm_cuda_norm_bwd returned {rc}")
                     return dx
                 dx_l = lnormd()
                 torch.cuda.synchronize()
                 res["lnormd"] = gbs(triton.testing.do_bench(lnormd, rep=a.rep_ms, return_mode="median"))
+                if prev is not None:
+                    # The earlier tree's kernels on the same tensors, rounds
+                    # alternating with this tree's, so that drift hits both.
+                    if prev.lnorm_cuda_norm_bwd_scratch(OPS[op], DT[dtype], N, H, 1, 1 if op == "ln" else 0) > nbytes:
+                        raise RuntimeError("the previous library needs more scratch")
+                    dg_p, db_p = torch.empty_like(dg), torch.empty_like(db) if db is not None else None
+                    fn_p = lambda: lnormd(lb=prev, dgv=dg_p, dbv=db_p)  # noqa: E731
+                    dx_p = fn_p()
+                    torch.cuda.synchronize()
+                    res["prev_same_bits"] = bool(torch.equal(dx_p, dx_l) and torch.equal(dg_p, dg) and
+                                                 (db is None or torch.equal(db_p, db)))
+                    tn, tp = [], []
+                    for _ in range(a.prev_rounds):
+                        tn.append(gbs(triton.testing.do_bench(lnormd, rep=a.rep_ms, return_mode="median")))
+                        tp.append(gbs(triton.testing.do_bench(fn_p, rep=a.rep_ms, return_mode="median")))
+                    res["lnormd_prev_build"] = statistics.median(tp)
+                    res["lnormd_vs_prev"] = statistics.median(tn) / statistics.median(tp)
+                    res["lnormd_vs_prev_rounds"] = {"new": tn, "prev": tp}
+                    del fn_p, dx_p, dg_p, db_p
                 # Peers: each keeps its forward's graph; the timed call is the backward alone.
                 dx_ref = None
                 for name in names:
@@ -246,6 +284,8 @@ def main_bwd(a, lib):
                 peer_txt = " ".join(f"{n} {res[n]:6.0f}" if res.get(n) else f"{n} -" for n in names)
                 print(f"{op:3s} {dname:8s} H={H:6d} {res['lnormd_tier']:14s} lnormd {res['lnormd']:6.0f} | {peer_txt}"
                       f" | vs copy {res['lnormd_vs_copy']:.2f}"
+                      + (f" new/prev {res['lnormd_vs_prev']:.3f}{'' if res['prev_same_bits'] else ' BITS DIFFER'}"
+                         if prev is not None else "")
                       + (f" vs peer {res['lnormd_vs_best_peer']:.2f} {'OK' if res['meets_target'] else 'MISS'}"
                          if "best_peer" in res else "")
                       + f" (dx err {res.get('lnormd_dx_vs_eager', float('nan')):.2g},"
