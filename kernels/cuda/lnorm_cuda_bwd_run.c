@@ -56,7 +56,9 @@ int lnorm_cuda_bwd_tier(int x_dtype, int64_t hidden, const char **desc)
  * group is one CTA's (cluster's) sequential work, so a segment of few rows
  * needs short groups to fill a GPU (256 CTAs: two per SM of a 132-SM H200;
  * a constant, never the device's SM count, so the grouping, and with it
- * the bits of dgamma/dbeta, is the same on every device). */
+ * the bits of dgamma/dbeta, is the same on every device). (512 CTAs' worth
+ * in clusters of 8 and 16, fewer waves of 15 clusters on an H200: f32
+ * +4-9%, bf16 RMSNorm +2-4%, LayerNorm -1-2%; not taken.) */
 static int64_t lnorm__bwd_grows(const lnorm_bwd_segment *s)
 {
     const int tier = lnorm_cuda_bwd_tier(s->x_dtype, s->hidden, NULL);
