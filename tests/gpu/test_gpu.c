@@ -23,9 +23,10 @@
  *     tier against float64 and the CPU backend, bit-identical through
  *     every kernel of the tier (edges); the fast kernels' deferred rows in
  *     long lists, on small grids and in place (deferred_lists).
- * Usage: test_gpu [--quick | --dyn | --edges]  (--quick: a reduced set for
- * compute-sanitizer; --dyn: part 7's many-fill runs alone; --edges: part 8
- * alone)
+ * Usage: test_gpu [--quick | --dyn | --edges | --defer]  (--quick: a
+ * reduced set for compute-sanitizer; --dyn: part 7's many-fill runs alone;
+ * --edges: part 8 alone; --defer: the reduced deferred_lists alone, for
+ * racecheck, which takes minutes over --quick)
  * Needs a GPU: exits 1 (never "passes") when none is usable.
  */
 #include <math.h>
@@ -1079,7 +1080,13 @@ static void bad_input(void)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress in a log even when a sanitizer's time limit stops it */
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    if (argc > 2 || (argc > 1 && !quick && strcmp(argv[1], "--edges") && strcmp(argv[1], "--dyn") &&
+                     strcmp(argv[1], "--defer"))) {
+        fprintf(stderr, "usage: test_gpu [--quick | --dyn | --edges | --defer]\n");
+        return 2;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         CHECK_FAIL("no usable GPU (this test needs one; it never passes by skipping)");
@@ -1100,6 +1107,12 @@ int main(int argc, char **argv)
         lnorm_cpu_destroy(g_cpu);
         printf("%ld cases\n", g_cases);
         return check_finish("test_gpu --edges");
+    }
+    if (argc > 1 && !strcmp(argv[1], "--defer")) { /* this part alone, reduced */
+        deferred_lists(&g, 1);
+        lnorm_cpu_destroy(g_cpu);
+        printf("%ld cases\n", g_cases);
+        return check_finish("test_gpu --defer");
     }
     if (argc > 1 && !strcmp(argv[1], "--dyn")) { /* this part alone */
         dyn_wrap(&g);
