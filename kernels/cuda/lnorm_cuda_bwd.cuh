@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
         /* FAST: gamma of this thread's columns in registers for the group's
          * rows. Why: loaded a row at a time it missed L1 (the stages take
          * the shared memory) and every row waited on L2 for it; held, the
-         * fast form ran 1.05-1.6x faster (H200). The general form, at its
+         * fast form ran 1.07-1.43x faster (H200). The general form, at its
          * register limit, loads it a row at a time. */
         float gmr[FAST ? NCH : 1][VEC];
         if constexpr (FAST) {
