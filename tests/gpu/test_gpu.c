@@ -1078,6 +1078,14 @@ static void bad_input(void)
     printf("bad input: %s\n", check_failures() > f0 ? "FAIL" : "ok");
 }
 
+/* The end of a run of one part alone: its count and exit status. */
+static int finish_part(const char *what)
+{
+    lnorm_cpu_destroy(g_cpu);
+    printf("%ld cases\n", g_cases);
+    return check_finish(what);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress in a log even when a sanitizer's time limit stops it */
@@ -1104,21 +1112,15 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--edges")) { /* this part alone */
         edges(&g, 0);
         deferred_lists(&g, 0);
-        lnorm_cpu_destroy(g_cpu);
-        printf("%ld cases\n", g_cases);
-        return check_finish("test_gpu --edges");
+        return finish_part("test_gpu --edges");
     }
     if (argc > 1 && !strcmp(argv[1], "--defer")) { /* this part alone, reduced */
         deferred_lists(&g, 1);
-        lnorm_cpu_destroy(g_cpu);
-        printf("%ld cases\n", g_cases);
-        return check_finish("test_gpu --defer");
+        return finish_part("test_gpu --defer");
     }
     if (argc > 1 && !strcmp(argv[1], "--dyn")) { /* this part alone */
         dyn_wrap(&g);
-        lnorm_cpu_destroy(g_cpu);
-        printf("%ld cases\n", g_cases);
-        return check_finish("test_gpu --dyn");
+        return finish_part("test_gpu --dyn");
     }
     bad_input();
     batch_invariance(&g);
