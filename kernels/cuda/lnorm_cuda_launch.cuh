@@ -134,6 +134,12 @@ template <typename TX> static cudaError_t launch_stream(const lnorm__kparams *p,
  * three, H200). */
 #define LNORM__SMR_STAGES 2
 
+/* A grid of n CTAs (clusters) under the "fwd_grid" cap, when set. */
+static inline int64_t fwd_capped(int64_t n)
+{
+    return lnorm__fwd_grid > 0 && lnorm__fwd_grid < n ? (int64_t)lnorm__fwd_grid : n;
+}
+
 /* Launch the bulk kernel of one tier: choose the number of resident CTAs
  * per SM (register occupancy first) and the stages that fit their shared
  * memory (at least 2, at most LNORM__BULK_MAXST; 3 or more preferred),
@@ -212,9 +218,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
     if (tiles >= (int64_t)0xffffffff)
         return cudaErrorInvalidValue; /* a deferred row's key is its tile, 32 bits (RowDefer) */
     if constexpr (CL == 1) {
-        int64_t cap = (int64_t)sms * n;
-        if (lnorm__fwd_grid > 0 && lnorm__fwd_grid < cap)
-            cap = lnorm__fwd_grid;
+        const int64_t cap = fwd_capped((int64_t)sms * n);
         const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
         kern<<<grid, BLOCK, smem, st>>>(*p, stages);
         return cudaGetLastError();
@@ -227,9 +231,7 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
             (void)cudaGetLastError();
             return cudaErrorInvalidValue;
         }
-        int64_t cl = tiles < ncl ? tiles : ncl;
-        if (lnorm__fwd_grid > 0 && lnorm__fwd_grid < cl)
-            cl = lnorm__fwd_grid;
+        const int64_t cl = fwd_capped(tiles < ncl ? tiles : ncl);
         cfg.gridDim = dim3((unsigned)(cl * CL), 1, 1);
         return cudaLaunchKernelEx(&cfg, kern, *p, stages);
     }
@@ -272,9 +274,7 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
         return e;
     const int64_t need = (p->total_rows + RPC - 1) / RPC;
     const bool all = lnorm__fast_grid == 2 || (lnorm__fast_grid == 0 && (BLOCK < 1024 || rr));
-    int64_t cap = all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4;
-    if (lnorm__fwd_grid > 0 && lnorm__fwd_grid < cap)
-        cap = lnorm__fwd_grid;
+    const int64_t cap = fwd_capped(all ? (int64_t)0x7fffffff : (int64_t)sms * occ * 4);
     const unsigned grid = (unsigned)(need < cap ? need : cap);
     kern<<<grid, BLOCK, 0, st>>>(*p);
     e = cudaGetLastError();
