@@ -122,8 +122,15 @@ def main():
                     help="library of an earlier kernel tree, timed beside this one in alternating rounds")
     ap.add_argument("--prev-commit", default="unknown", help="the commit --previous was built from")
     ap.add_argument("--prev-rounds", type=int, default=3)
+    ap.add_argument("--tuning", default="",
+                    help="NAME=V[,NAME=V]: lnorm_cuda_set_tuning on this tree's library before timing "
+                         "(e.g. bwd_wide=16384 beside --previous, a copy of the same library)")
     a = ap.parse_args()
     lib = load_lib(a.lib)
+    for kv in filter(None, a.tuning.split(",")):
+        k, v = kv.split("=")
+        if lib.lnorm_cuda_set_tuning(k.encode(), int(v)) != 0:
+            raise SystemExit(f"--tuning {kv}: refused")
     if a.elems_log2 is None:
         a.elems_log2 = 26 if a.bwd else 27
     if a.bwd:
@@ -275,6 +282,8 @@ def main():
            "gbs_definition": "2 * N * H * element_bytes / median time (do_bench)",
            "copy_gbs": copy_gbs, "copy_fixed_gbs": copy_fixed_gbs, "y": a.y, "torch": torch.__version__, "triton": triton.__version__,
            "torch_compile_seconds": compile_spent, "rows": rows}
+    if a.tuning:
+        out["tuning"] = a.tuning
     if prev is not None:
         r = sorted(row["lnormd_vs_prev"] for row in rows)
         out["previous_build"] = {

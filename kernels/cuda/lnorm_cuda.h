@@ -97,7 +97,8 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * kernel); "fwd_grid" N >= 0 (the fast and bulk kernels use at most N
  * CTAs (clusters), each then taking many rows; 0 = no cap); "bwd_grid" N >= 0 (the backward's main launches use at most N
  * CTAs (clusters), which then loop over the row groups; 0 = one a group);
- * "defaults" 0 puts every setting back. Returns LNORM_EINVAL for an
+ * "bwd_wide" N >= 0 (the backward's wide tier for every hidden size >= N;
+ * 0 = only where the register tiers end); "defaults" 0 puts every setting back. Returns LNORM_EINVAL for an
  * unknown name or value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
 
@@ -125,7 +126,7 @@ int lnorm_cuda_run_bwd(const lnorm_bwd_batch *b, void *stream, void *scratch, si
 
 /* The backward tier of a segment with this x dtype and hidden size, and a
  * short description in *desc if not NULL ("bwd<threads a row>cl<CTAs a
- * row>" or "bwdstream1024"); -1 for an invalid dtype or hidden < 1. */
+ * row>" or "bwdwide256cl8"); -1 for an invalid dtype or hidden < 1. */
 int lnorm_cuda_bwd_tier(int x_dtype, int64_t hidden, const char **desc);
 
 /* Kernel launches lnorm_cuda_run_bwd makes for batch b (one per (x dtype,

@@ -500,110 +500,401 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
         cg::this_cluster().sync(); /* no CTA leaves while a peer may still store into it */
 }
 
-/* The streaming tier (rows longer than the largest cluster): one CTA of
- * 1024 threads a row group, each pass reading the row from global memory
- * (thread tid takes columns tid, tid + 1024, ...); the group's partial
- * sums are kept in its partial rows (pdg/pdb) themselves, added to row by
- * row in order (only this CTA writes them). A fallback, not a fast path. */
-template <typename TX> __global__ void __launch_bounds__(1024, 1) k_bwd_stream(const __grid_constant__ lnorm__bparams p)
+/* The wide tier (rows longer than the cluster tiers hold, of any length):
+ * a cluster of WCL CTAs of WBLOCK threads takes a row group, the row's
+ * columns in passes of W = WCL * WBLOCK * WCOLS: chunk j of thread t of
+ * rank k in pass q covers columns q * W + ((k * NCH + j) * WBLOCK + t) *
+ * VEC, + VEC (NCH * VEC = WCOLS). Nothing of a row stays in registers. The group is swept row by
+ * row for its sums (the statistics where not given, then a and b): each
+ * thread adds its columns of a row, a warp tree puts the warp's sum into
+ * shared memory, and at the sweep's end the group's rows are reduced
+ * together (warps in order, then the cluster's CTAs in rank order): one
+ * cluster barrier a sweep instead of one a row. Then, pass by pass, the
+ * group's rows again for dx, with the pass's dgamma and dbeta accumulators
+ * in registers. x and dy are read twice (five tensors' bytes moved for
+ * three); what it saves is the per-row barrier that bounds the register
+ * tiers' clusters. Rows, their sums and their order depend on the segment
+ * alone, as in the register tiers. */
+template <typename TX, bool FAST>
+__global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __grid_constant__ lnorm__bparams p)
 {
-    __shared__ float buf[33];
-    const int tid = (int)threadIdx.x;
-    for (int64_t gi = blockIdx.x; gi < p.total; gi += gridDim.x) {
+    constexpr int BLOCK = LNORM__BWD_WIDE_BLOCK, CL = LNORM__BWD_WIDE_CL, NW = BLOCK / 32;
+    constexpr int GM = LNORM__BWD_GROWS_MAX;
+    constexpr int VEC = (int)(16 / sizeof(TX));
+    constexpr int NC = LNORM__BWD_WIDE_COLS, NCH = NC / VEC, NQ = NC / 4;
+    constexpr int XDT = DtypeOf<TX>::value;
+    constexpr int W = CL * BLOCK * NC;
+    static_assert(2 * GM <= BLOCK, "a thread per row and value in the group's reduction");
+    /* wsum: the warps' sums of a sweep (value, row, warp); xs: the CTAs'
+     * (parity, value, rank, row), written by every CTA of the cluster into
+     * every other's; the group's rows: shift and mean offset (x - K) - d,
+     * rstd, sigma, the mean terms of dx, and the statistics sweeps' state. */
+    __shared__ float wsum[2][GM][NW];
+    __shared__ float xs[2][2][CL][GM];
+    __shared__ float rK[GM], rd[GM], rrs[GM], rsig[GM], rma[GM], rmb[GM], rvar[GM], rds[GM], ro[2][GM];
+    /* FAST: NST stages of x and dy chunks, [NST][2][NCH] 16-byte slots a
+     * thread at wst[((st * 2 + tensor) * NCH + j) * BLOCK + tid], NST - 1
+     * iterations in flight while one is computed (16-bit x 8, f32 4) */
+    constexpr int NST = LNORM__BWD_WIDE_STAGE_BYTES / (2 * NCH * 16);
+    static_assert(NST >= 2, "two stages at least");
+    extern __shared__ uint4 wst[];
+    cg::cluster_group clu = cg::this_cluster();
+    const int rank = (int)clu.block_rank();
+    const int tid = (int)threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    int par = 0;
+    /* A thread's part of value v of row i: the warp's sum to wsum, or
+     * added to it (add: a later pass of the row). */
+    auto warp_put = [&](int v, int i, float x, bool add) {
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, m));
+        if (lane == 0)
+            wsum[v][i][wp] = add ? __fadd_rn(wsum[v][i][wp], x) : x;
+    };
+    /* The sweep's n rows x nv values summed over the cluster into ro. */
+    auto reduce_rows = [&](int n, int nv) {
+        __syncthreads();
+        const int b = par & 1;
+        if (tid < n * nv) {
+            const int v = tid / n, i = tid - v * n;
+            float x = 0.0f;
+            for (int k = 0; k < NW; k++)
+                x = __fadd_rn(x, wsum[v][i][k]);
+            for (int k = 0; k < CL; k++)
+                *clu.map_shared_rank(&xs[b][v][rank][i], (unsigned)k) = x;
+        }
+        /* xs[b] is written again two sweeps on, after the next barrier,
+         * which no CTA passes before it has read this sweep's. */
+        clu.sync();
+        if (tid < n * nv) {
+            const int v = tid / n, i = tid - v * n;
+            float x = 0.0f;
+            for (int k = 0; k < CL; k++)
+                x = __fadd_rn(x, xs[b][v][k][i]);
+            ro[v][i] = x;
+        }
+        __syncthreads();
+        par++;
+    };
+    const int64_t ncl = gridDim.x / CL;
+    for (int64_t gi = blockIdx.x / CL; gi < p.total; gi += ncl) {
         const lnorm__bseg *s = find_bseg(p, gi, false);
         const int H = (int)s->hidden;
         const float fH = (float)H;
         const int64_t g = gi - s->group_begin;
         const int64_t r0 = g * s->grows;
-        const int64_t r1 = r0 + s->grows < s->rows ? r0 + s->grows : s->rows;
+        const int n = (int)((r0 + s->grows < s->rows ? r0 + s->grows : s->rows) - r0);
+        const int npass = (int)((s->hidden + W - 1) / W);
         const bool rms = s->op == LNORM_OP_RMSNORM;
+        const bool dyx = FAST || s->dy_dtype == XDT, dxx = FAST || s->dx_dtype == XDT;
         const bool outside = s->eps_mode == LNORM_EPS_OUTSIDE;
         const bool stats = s->rstd == nullptr || (!rms && s->mean == nullptr) || outside;
         const bool use_mean = !rms && s->mean != nullptr;
         const float eps = s->eps;
-        const int pdt = sizeof(TX) != 4 && s->param_dtype == LNORM_DTYPE_F32 ? LNORM_DTYPE_F32 : DtypeOf<TX>::value;
-        auto gamma = [&](int c) { return s->gamma ? ld_any(s->gamma, pdt, c) : 1.0f; };
-        for (int64_t r = r0; r < r1; r++) {
-            const TX *xp = (const TX *)s->x + r * s->x_stride;
-            auto xv = [&](int c) { return to_f<TX>(xp[c]); };
-            auto dyv = [&](int c) { return ld_any(s->dy, s->dy_dtype, r * s->dy_stride + c); };
-            float K = 0.0f, d = 0.0f, rs = 0.0f, sigma = 0.0f;
-            if (stats) {
+        const bool gal = ((uintptr_t)s->gamma & 15) == 0;
+        const bool pf32 = sizeof(TX) != 4 && s->param_dtype == LNORM_DTYPE_F32;
+        auto col = [&](int q, int j) { return q * W + ((rank * NCH + j) * BLOCK + tid) * VEC; };
+        auto gamma_at = [&](int c, float (&gm)[VEC]) {
+            if (pf32)
+                load_param<float, VEC>((const float *)s->gamma, c, H, gal, 1.0f, gm);
+            else
+                load_param<TX, VEC>((const TX *)s->gamma, c, H, gal, 1.0f, gm);
+        };
+        /* Chunk c of row i of the group: x's raw bits, dy's (x's dtype). */
+        auto raw_x = [&](int i, int c) {
+            const TX *xp = (const TX *)s->x + (r0 + i) * s->x_stride;
+            return load_raw<TX>(xp, c, H, ((uintptr_t)xp & 15) == 0);
+        };
+        auto raw_dy = [&](int i, int c) {
+            const TX *dp = (const TX *)s->dy + (r0 + i) * s->dy_stride;
+            return dyx ? load_raw<TX>(dp, c, H, ((uintptr_t)dp & 15) == 0) : make_uint4(0u, 0u, 0u, 0u);
+        };
+        auto dy_of = [&](int i, int c, const uint4 &raw, float (&f)[VEC]) {
+            if (dyx) {
+                unpack<TX>(raw, f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    f[k] = c + k < H ? ld_any(s->dy, s->dy_dtype, (r0 + i) * s->dy_stride + c + k) : 0.0f;
+            }
+        };
+        /* The chunks of (row i, pass q) into registers (the general form). */
+        auto fetch = [&](int i, int q, uint4 (&xr)[NCH], uint4 (&dr)[NCH]) {
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c = col(q, j);
+                xr[j] = c < H ? raw_x(i, c) : make_uint4(0u, 0u, 0u, 0u);
+                dr[j] = c < H ? raw_dy(i, c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        };
+        /* FAST: the chunks of (row i, pass q) copied by cp.async into stage
+         * st (whole chunks: rows aligned and whole 16-byte units; those past
+         * H zero-filled), and read back by the same thread. */
+        auto stage = [&](int i, int q, int st) {
+            const TX *xp = (const TX *)s->x + (r0 + i) * s->x_stride;
+            const TX *dp = (const TX *)s->dy + (r0 + i) * s->dy_stride;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c = col(q, j);
+                const bool in = c < H;
+                cp_async16(&wst[((st * 2 + 0) * NCH + j) * BLOCK + tid], in ? xp + c : xp, in ? 16 : 0);
+                cp_async16(&wst[((st * 2 + 1) * NCH + j) * BLOCK + tid], in ? dp + c : dp, in ? 16 : 0);
+            }
+        };
+        auto unstage = [&](int st, uint4 (&xr)[NCH], uint4 (&dr)[NCH]) {
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                xr[j] = wst[((st * 2 + 0) * NCH + j) * BLOCK + tid];
+                dr[j] = wst[((st * 2 + 1) * NCH + j) * BLOCK + tid];
+            }
+        };
+        /* One sweep of x over the group's rows: fn(i, c, k, x) adds element
+         * k of chunk c (inside the row) into the thread's sum of row i. */
+        auto sweep_x = [&](auto fn) {
+            for (int i = 0; i < n; i++) {
+                float acc = 0.0f;
+                for (int q = 0; q < npass; q++) {
+#pragma unroll
+                    for (int j = 0; j < NCH; j++) {
+                        const int c = col(q, j);
+                        if (c < H) {
+                            float f[VEC];
+                            unpack<TX>(raw_x(i, c), f);
+#pragma unroll
+                            for (int k = 0; k < VEC; k++)
+                                if (c + k < H)
+                                    acc = fn(i, acc, f[k]);
+                        }
+                    }
+                }
+                warp_put(0, i, acc, false);
+            }
+            reduce_rows(n, 1);
+        };
+        /* Statistics where not given (and sigma with eps outside): the
+         * forward's formulas, sweep by sweep, the rescue of rescale.h for
+         * the rows that need it. */
+        if (stats) {
+            if (!rms) {
+                for (int i = tid; i < n; i += BLOCK)
+                    rK[i] = shift_of<TX>(((const TX *)s->x)[(r0 + i) * s->x_stride]);
+                __syncthreads();
+                sweep_x([&](int i, float a, float x) { return a + (x - rK[i]); });
+                for (int i = tid; i < n; i += BLOCK)
+                    rd[i] = ro[0][i] / fH;
+            } else {
+                for (int i = tid; i < n; i += BLOCK)
+                    rK[i] = rd[i] = 0.0f;
+            }
+            __syncthreads();
+            sweep_x([&](int i, float a, float x) {
+                const float e = rms ? x : (x - rK[i]) - rd[i];
+                return __fmaf_rn(e, e, a);
+            });
+            bool any = false;
+            for (int i = 0; i < n; i++) {
+                const float var = ro[0][i] / fH;
+                any = any || lnorm__rescale_needed(var, eps);
+                if (tid == 0) {
+                    rvar[i] = var;
+                    rrs[i] = make_rstd(var, eps, s->eps_mode);
+                    rsig[i] = sqrtf(var);
+                }
+            }
+            __syncthreads();
+            if (any) {
+                /* rescale.h: both sums again over t = (x - K) * sc; every
+                 * row of the group swept, those that need it take them */
                 if (!rms) {
-                    K = shift_of<TX>(xp[0]);
-                    float sum = 0.0f;
-                    for (int c = tid; c < H; c += 1024)
-                        sum += xv(c) - K;
-                    d = block_sum_1024(sum, buf) / fH;
+                    sweep_x([&](int i, float a, float x) {
+                        return __fadd_rn(a, __fmul_rn(x - rK[i], lnorm__rescale_factor(rvar[i])));
+                    });
+                    for (int i = tid; i < n; i += BLOCK)
+                        rds[i] = ro[0][i] / fH;
+                } else {
+                    for (int i = tid; i < n; i += BLOCK)
+                        rds[i] = 0.0f;
                 }
-                float sq = 0.0f;
-                for (int c = tid; c < H; c += 1024) {
-                    const float e = rms ? xv(c) : (xv(c) - K) - d;
-                    sq = __fmaf_rn(e, e, sq);
+                __syncthreads();
+                sweep_x([&](int i, float a, float x) {
+                    const float tv = __fmul_rn(rms ? x : x - rK[i], lnorm__rescale_factor(rvar[i]));
+                    const float e = rms ? tv : __fsub_rn(tv, rds[i]);
+                    return __fmaf_rn(e, e, a);
+                });
+                for (int i = tid; i < n; i += BLOCK) {
+                    const float var = rvar[i];
+                    if (lnorm__rescale_needed(var, eps)) {
+                        const float sc = lnorm__rescale_factor(var), vs = ro[0][i] / fH;
+                        lnorm__rescaled(rds[i], vs, sc, eps, s->eps_mode, &rd[i], &rrs[i]);
+                        if (vs <= FLT_MAX)
+                            rsig[i] = sqrtf(vs) / sc;
+                    }
                 }
-                const float var = block_sum_1024(sq, buf) / fH;
-                rs = make_rstd(var, eps, s->eps_mode);
-                sigma = sqrtf(var);
-                if (lnorm__rescale_needed(var, eps)) {
-                    const float sc = lnorm__rescale_factor(var);
-                    float ds = 0.0f;
-                    if (!rms) {
-                        float a = 0.0f;
-                        for (int c = tid; c < H; c += 1024)
-                            a = __fadd_rn(a, __fmul_rn(xv(c) - K, sc));
-                        ds = block_sum_1024(a, buf) / fH;
-                    }
-                    float b = 0.0f;
-                    for (int c = tid; c < H; c += 1024) {
-                        const float tv = __fmul_rn(rms ? xv(c) : xv(c) - K, sc);
-                        const float e = rms ? tv : __fsub_rn(tv, ds);
-                        b = __fmaf_rn(e, e, b);
-                    }
-                    const float vs = block_sum_1024(b, buf) / fH;
-                    lnorm__rescaled(ds, vs, sc, eps, s->eps_mode, &d, &rs);
-                    if (vs <= FLT_MAX)
-                        sigma = sqrtf(vs) / sc;
+                __syncthreads();
+            }
+        }
+        /* Each row's centring, (x - K) - d (exact for K = mean, d = 0 and
+         * for RMSNorm's K = d = 0), and rstd. */
+        for (int i = tid; i < n; i += BLOCK) {
+            const int64_t r = r0 + i;
+            if (rms || use_mean) {
+                rK[i] = use_mean ? s->mean[r] : 0.0f;
+                rd[i] = 0.0f;
+            }
+            if (s->rstd)
+                rrs[i] = s->rstd[r];
+        }
+        __syncthreads();
+        /* a = sum(g), b = sum(g * xhat), g = dy * gamma (RMSNorm: b only):
+         * a pass at a time, gamma's chunks of the pass in registers, the
+         * group's rows; a warp's sums of (row, pass) added into wsum in
+         * pass order */
+        for (int q = 0; q < npass; q++) {
+            float gm[NCH][VEC];
+#pragma unroll
+            for (int j = 0; j < NCH; j++)
+                gamma_at(col(q, j), gm[j]);
+            uint4 xc[NCH], dc[NCH];
+            if constexpr (FAST) {
+                for (int k = 0; k < NST - 1; k++) {
+                    if (k < n)
+                        stage(k, q, k);
+                    cp_async_commit();
                 }
             }
-            const float rstd = s->rstd ? s->rstd[r] : rs;
-            const float mean = use_mean ? s->mean[r] : 0.0f;
-            auto xhat = [&](int c) {
-                const float x = xv(c);
-                const float xc = rms ? x : use_mean ? __fsub_rn(x, mean) : __fsub_rn(x - K, d);
-                return __fmul_rn(xc, rstd);
-            };
-            float a = 0.0f, b = 0.0f;
-            for (int c = tid; c < H; c += 1024) {
-                const float gv = __fmul_rn(dyv(c), gamma(c));
-                a = __fadd_rn(a, gv);
-                b = __fmaf_rn(gv, xhat(c), b);
+            for (int i = 0; i < n; i++) {
+                if constexpr (FAST) {
+                    if (i + NST - 1 < n)
+                        stage(i + NST - 1, q, (i + NST - 1) % NST);
+                    cp_async_commit();
+                    cp_async_wait<NST - 1>();
+                    unstage(i % NST, xc, dc);
+                } else {
+                    fetch(i, q, xc, dc);
+                }
+                const float K = rK[i], d = rd[i], rs = rrs[i];
+                float a = 0.0f, b = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const int c = col(q, j);
+                    if (c < H) {
+                        float f[VEC], dyf[VEC];
+                        unpack<TX>(xc[j], f);
+                        dy_of(i, c, dc[j], dyf);
+#pragma unroll
+                        for (int k = 0; k < VEC; k++) {
+                            const bool in = c + k < H;
+                            const float xh = __fmul_rn(__fsub_rn(f[k] - K, d), rs);
+                            const float gv = __fmul_rn(dyf[k], gm[j][k]);
+                            a = in ? __fadd_rn(a, gv) : a;
+                            b = in ? __fmaf_rn(gv, xh, b) : b;
+                        }
+                    }
+                }
+                if (!rms)
+                    warp_put(1, i, a, q > 0);
+                warp_put(0, i, b, q > 0);
             }
-            if (!rms)
-                a = block_sum_1024(a, buf);
-            b = block_sum_1024(b, buf);
-            const float ma = rms ? 0.0f : a / fH;
-            float mb = b / fH;
+        }
+        reduce_rows(n, rms ? 1 : 2);
+        for (int i = tid; i < n; i += BLOCK) {
+            const float rs = rrs[i];
+            rma[i] = rms ? 0.0f : ro[1][i] / fH;
+            float mb = ro[0][i] / fH;
             if (outside)
-                mb = sigma == 0.0f ? 0.0f : mb / __fmul_rn(sigma, rstd);
-            const bool first = r == r0;
-            for (int c = tid; c < H; c += 1024) {
-                const float dy = dyv(c);
-                const float xh = xhat(c);
-                float o = bwd_dx(__fmul_rn(dy, gamma(c)), xh, ma, mb, rstd);
-                if (s->dres)
-                    o = __fadd_rn(o, to_f<TX>(((const TX *)s->dres)[r * s->dres_stride + c]));
-                st_any(s->dx, s->dx_dtype, r * s->dx_stride + c, o);
-                if (s->pdg) {
-                    float *q = s->pdg + g * H + c;
-                    *q = first ? __fmul_rn(dy, xh) : __fmaf_rn(dy, xh, *q);
+                mb = rsig[i] == 0.0f ? 0.0f : mb / __fmul_rn(rsig[i], rs);
+            rmb[i] = mb;
+        }
+        __syncthreads();
+        /* dx, and the group's dgamma/dbeta partials, a pass at a time */
+        for (int q = 0; q < npass; q++) {
+            if (col(q, 0) >= H)
+                continue; /* no column of this thread in the pass */
+            float gm[NCH][VEC];
+#pragma unroll
+            for (int j = 0; j < NCH; j++)
+                gamma_at(col(q, j), gm[j]);
+            float4 acc[2 * NQ];
+#pragma unroll
+            for (int k = 0; k < 2 * NQ; k++)
+                acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            uint4 xc[NCH], dc[NCH];
+            if constexpr (FAST) {
+                for (int k = 0; k < NST - 1; k++) {
+                    if (k < n)
+                        stage(k, q, k);
+                    cp_async_commit();
                 }
-                if (s->pdb) {
-                    float *q = s->pdb + g * H + c;
-                    *q = first ? dy : __fadd_rn(*q, dy);
+            }
+            for (int i = 0; i < n; i++) {
+                if constexpr (FAST) {
+                    if (i + NST - 1 < n)
+                        stage(i + NST - 1, q, (i + NST - 1) % NST);
+                    cp_async_commit();
+                    cp_async_wait<NST - 1>();
+                    unstage(i % NST, xc, dc);
+                } else {
+                    fetch(i, q, xc, dc);
+                }
+                const int64_t r = r0 + i;
+                const float K = rK[i], d = rd[i], rs = rrs[i], ma = rma[i], mb = rmb[i];
+                TX *dxp = (TX *)s->dx + r * s->dx_stride;
+                const bool dxal = ((uintptr_t)dxp & 15) == 0;
+                const TX *drp = !FAST && s->dres ? (const TX *)s->dres + r * s->dres_stride : nullptr;
+                const bool dral = ((uintptr_t)drp & 15) == 0;
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const int c = col(q, j);
+                    if (c >= H)
+                        continue;
+                    float f[VEC], dyf[VEC], o[VEC], dr[VEC];
+                    unpack<TX>(xc[j], f);
+                    dy_of(i, c, dc[j], dyf);
+                    if (drp)
+                        unpack<TX>(load_raw<TX>(drp, c, H, dral), dr);
+#pragma unroll
+                    for (int k = 0; k < VEC; k++) {
+                        const float xh = __fmul_rn(__fsub_rn(f[k] - K, d), rs);
+                        float4 &vg = acc[(j * VEC + k) / 4];
+                        float4 &vb = acc[NQ + (j * VEC + k) / 4];
+                        float &eg = k % 4 == 0 ? vg.x : k % 4 == 1 ? vg.y : k % 4 == 2 ? vg.z : vg.w;
+                        float &eb = k % 4 == 0 ? vb.x : k % 4 == 1 ? vb.y : k % 4 == 2 ? vb.z : vb.w;
+                        eg = __fmaf_rn(dyf[k], xh, eg);
+                        eb = __fadd_rn(eb, dyf[k]);
+                        o[k] = bwd_dx(__fmul_rn(dyf[k], gm[j][k]), xh, ma, mb, rs);
+                        if (drp)
+                            o[k] = __fadd_rn(o[k], dr[k]);
+                    }
+                    if (dxx) {
+                        store_raw<TX>(dxp, c, H, dxal, pack<TX>(o));
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < VEC; k++)
+                            if (c + k < H)
+                                st_any(s->dx, s->dx_dtype, r * s->dx_stride + c + k, o[k]);
+                    }
+                }
+            }
+            float *pg = s->pdg ? s->pdg + g * H : nullptr;
+            float *pb = s->pdb ? s->pdb + g * H : nullptr;
+#pragma unroll
+            for (int k = 0; k < 2 * NQ; k++) {
+                float *pp = k < NQ ? pg : pb;
+                const int kk = k < NQ ? k : k - NQ;
+                const int c = col(q, kk * 4 / VEC) + kk * 4 % VEC;
+                if (pp) {
+                    const float e[4] = {acc[k].x, acc[k].y, acc[k].z, acc[k].w};
+#pragma unroll
+                    for (int m = 0; m < 4; m++)
+                        if (c + m < H)
+                            pp[c + m] = e[m];
                 }
             }
         }
+        /* the group's row state is read above; the next group's after this */
+        __syncthreads();
     }
+    clu.sync(); /* no CTA leaves while a peer may still store into it */
 }
 
 /* dgamma/dbeta: the sum over a segment's row groups of their partials, a
@@ -693,20 +984,36 @@ static cudaError_t launch_bwd_reg(const lnorm__bparams *p, cudaStream_t st)
     }
 }
 
-template <typename TX> static cudaError_t launch_bwd_stream(const lnorm__bparams *p, cudaStream_t st)
+template <typename TX> static cudaError_t launch_bwd_wide(bool fast, const lnorm__bparams *p, cudaStream_t st)
 {
+    constexpr int CL = LNORM__BWD_WIDE_CL;
     int64_t n = p->total;
     if (lnorm__bwd_grid > 0 && lnorm__bwd_grid < n)
         n = lnorm__bwd_grid;
     if (n > (1 << 26))
         n = 1 << 26;
-    k_bwd_stream<TX><<<(unsigned)n, 1024, 0, st>>>(*p);
-    return cudaGetLastError();
+    constexpr int SMEM = LNORM__BWD_WIDE_STAGE_BYTES * LNORM__BWD_WIDE_BLOCK;
+    static int attr_set[64]; /* per device: the fast form's shared-memory opt-in made */
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (fast && (dev >= 64 || !attr_set[dev])) {
+        e = cudaFuncSetAttribute(k_bwd_wide<TX, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        if (e != cudaSuccess)
+            return e;
+        if (dev < 64)
+            attr_set[dev] = 1;
+    }
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = cluster_config(CL, dim3((unsigned)(n * CL), 1, 1), dim3(LNORM__BWD_WIDE_BLOCK, 1, 1),
+                                            fast ? SMEM : 0, st, &at);
+    return fast ? cudaLaunchKernelEx(&cfg, k_bwd_wide<TX, true>, *p) : cudaLaunchKernelEx(&cfg, k_bwd_wide<TX, false>, *p);
 }
 
 /* Launch backward tier `tier` (lnorm_cuda_bwd_impl.h) for x of type TX.
  * The 16-CTA cluster tier needs a non-portable cluster size; where the
- * device refuses it, the streaming tier runs the same groups. */
+ * device refuses it, the wide tier runs the same groups. */
 template <typename TX> static int launch_bwd_tier(int tier, bool fast, const lnorm__bparams *p, void *stream)
 {
     cudaStream_t st = (cudaStream_t)stream;
@@ -732,13 +1039,13 @@ template <typename TX> static int launch_bwd_tier(int tier, bool fast, const lno
         LNORM__BCASE(13, 512, 16)
 #undef LNORM__BCASE
     case LNORM__BWD_NTIERS:
-        return (int)launch_bwd_stream<TX>(p, st);
+        return (int)launch_bwd_wide<TX>(fast, p, st);
     default:
         return (int)cudaErrorInvalidValue;
     }
     if (e != cudaSuccess && tier == LNORM__BWD_NTIERS - 1) {
         (void)cudaGetLastError();
-        return (int)launch_bwd_stream<TX>(p, st);
+        return (int)launch_bwd_wide<TX>(fast, p, st);
     }
     return (int)e;
 }

@@ -66,13 +66,14 @@ typedef struct lnorm__bparams {
  * row (two 16-byte chunks of 16-bit x, four of f32 x) and its 16 dgamma
  * and 16 dbeta accumulators in registers; TPR threads a row, CL CTAs a row
  * (a thread-block cluster). Tier i < 10: TPR = 2^i, CL = 1 (H <= 8192);
- * tiers 10-13: TPR = 512, CL = 2, 4, 8, 16 (H <= 131072); tier 14 streams
- * the row (one 1024-thread CTA a row group, rows read from global memory in
- * every pass). Why 16 columns: every row costs its CTA (cluster) a
- * reduction, whose barriers stall the row's threads; with 8 columns a
- * thread (1024 threads a row of 8192) bf16 ran at 0.4-0.6 of copy whatever
- * the bytes in flight (2 or 4 stages alike, H200). */
-#define LNORM__BWD_NTIERS 14   /* register tiers; tier 14 streams */
+ * tiers 10-13: TPR = 512, CL = 2, 4, 8, 16 (H <= 131072); tier 14, the
+ * wide tier, any H: a cluster of LNORM__BWD_WIDE_CL CTAs a row group, the
+ * row in passes of 16 columns a thread, its sums for all the group's rows
+ * reduced at once, x and dy read twice. Why 16 columns: every row costs
+ * its CTA (cluster) a reduction, whose barriers stall the row's threads;
+ * with 8 columns a thread (1024 threads a row of 8192) bf16 ran at 0.4-0.6
+ * of copy whatever the bytes in flight (2 or 4 stages alike, H200). */
+#define LNORM__BWD_NTIERS 14   /* register tiers; tier 14 is the wide tier */
 #define LNORM__BWD_COLS 16     /* columns a thread */
 #define LNORM__BWD_CTA_TIERS 10 /* tiers of one CTA a row: TPR = 1 .. 512 */
 #define LNORM__BWD_TPR_MAX 512 /* threads a CTA in the cluster tiers */
@@ -80,10 +81,25 @@ typedef struct lnorm__bparams {
  * thread of the fast form (16-bit x: 6 stages, f32: 3; 192 KiB an SM). */
 #define LNORM__BWD_SM_THREADS 512
 #define LNORM__BWD_STAGE_BYTES 384
+/* The wide tier: threads a CTA (two CTAs an SM, 128 registers a thread),
+ * CTAs a cluster (portable; 32 clusters of 8 fit an H200 at once), columns
+ * a thread a pass (8: with 16, its accumulators and the next row's chunks
+ * spilled), and the most rows a row group has (the host's rule). */
+#define LNORM__BWD_WIDE_BLOCK 256
+#define LNORM__BWD_WIDE_CL 8
+#define LNORM__BWD_WIDE_COLS 8
+/* Shared-memory stage bytes a thread of the wide tier's fast form (64 KiB
+ * a CTA, two CTAs an SM). */
+#define LNORM__BWD_WIDE_STAGE_BYTES 256
+#define LNORM__BWD_GROWS_MAX 64
 
 /* Cap on the CTAs (clusters) of a main backward launch, 0 = one a row
  * group (lnorm_cuda_set_tuning "bwd_grid"); never changes the bits. */
 extern int lnorm__bwd_grid;
+/* Hidden sizes from which the wide tier runs, 0 = past the register tiers
+ * only (lnorm_cuda_set_tuning "bwd_wide"): for tests and benchmarks of the
+ * wide tier at sizes the register tiers hold. */
+extern int64_t lnorm__bwd_wide_min;
 
 /* Launch backward tier `tier` for x of dtype F32 / F16 / BF16 (fast: every
  * segment of the launch qualifies for the fast form, lnorm__bwd_fast_ok),

@@ -30,11 +30,11 @@ int lnorm_cuda_bwd_tier(int x_dtype, int64_t hidden, const char **desc)
     static const char *const names[LNORM__BWD_NTIERS + 1] = {
         "bwd1cl1",   "bwd2cl1",   "bwd4cl1",   "bwd8cl1",    "bwd16cl1",     "bwd32cl1",
         "bwd64cl1",  "bwd128cl1", "bwd256cl1", "bwd512cl1",  "bwd512cl2",    "bwd512cl4",
-        "bwd512cl8", "bwd512cl16", "bwdstream1024"};
+        "bwd512cl8", "bwd512cl16", "bwdwide256cl8"};
     if (!lnorm_dtype_size(x_dtype) || hidden < 1)
         return -1;
     int t = LNORM__BWD_NTIERS;
-    for (int i = 0; i < LNORM__BWD_NTIERS; i++) {
+    for (int i = 0; i < LNORM__BWD_NTIERS && !(lnorm__bwd_wide_min > 0 && hidden >= lnorm__bwd_wide_min); i++) {
         int tpr, cl;
         lnorm__bwd_shape(i, &tpr, &cl);
         if (hidden <= (int64_t)tpr * cl * LNORM__BWD_COLS) {
@@ -62,10 +62,10 @@ int lnorm_cuda_bwd_tier(int x_dtype, int64_t hidden, const char **desc)
 static int64_t lnorm__bwd_grows(const lnorm_bwd_segment *s)
 {
     const int tier = lnorm_cuda_bwd_tier(s->x_dtype, s->hidden, NULL);
-    int tpr = 1024, cl = 1;
+    int tpr = LNORM__BWD_WIDE_BLOCK, cl = LNORM__BWD_WIDE_CL;
     if (tier < LNORM__BWD_NTIERS)
         lnorm__bwd_shape(tier, &tpr, &cl);
-    int64_t g = 64;
+    int64_t g = LNORM__BWD_GROWS_MAX;
     while (g > 4 && ((s->rows + g - 1) / g) * cl < 256)
         g >>= 1;
     return g;
@@ -117,15 +117,13 @@ size_t lnorm_cuda_bwd_scratch_bytes(const lnorm_bwd_batch *b)
 
 /* Whether a segment takes the kernels' fast form: dy and dx of x's dtype,
  * no dres, and x and dy rows that start 16-byte aligned and are whole
- * 16-byte units long (copied into shared memory by cp.async, the next row
+ * 16-byte units long (copied into shared memory by cp.async, the next rows
  * in flight while one is reduced). Same arithmetic, same bits as the
  * general form. */
 static int lnorm__bwd_fast_ok(const lnorm_bwd_segment *s)
 {
     const size_t es = lnorm_dtype_size(s->x_dtype);
     if (s->dy_dtype != s->x_dtype || s->dx_dtype != s->x_dtype || s->dres)
-        return 0;
-    if (lnorm_cuda_bwd_tier(s->x_dtype, s->hidden, NULL) >= LNORM__BWD_NTIERS)
         return 0;
     return ((uintptr_t)s->x % 16) == 0 && ((uintptr_t)s->dy % 16) == 0 && ((size_t)s->hidden * es) % 16 == 0 &&
            ((size_t)s->x_stride * es) % 16 == 0 && ((size_t)s->dy_stride * es) % 16 == 0;

@@ -3,8 +3,8 @@
  * lnorm_cuda_bwd_run.c) without a GPU: the file compiled in with stand-ins
  * for its CUDA runtime calls and for the launchers, which record what they
  * were asked to launch. Checked:
- *   - the backward tier table (first tier that holds H, the streaming tier
- *     past the largest cluster) and its descriptions;
+ *   - the backward tier table (first tier that holds H, the wide tier past
+ *     the largest cluster, or from "bwd_wide"'s size) and its descriptions;
  *   - the row-group rule: G the largest power of two <= 64 that leaves a
  *     segment 256 CTAs' worth of groups, at least 4, a function of (rows,
  *     hidden, dtype) alone;
@@ -21,6 +21,8 @@
 #include "lnorm_cuda_bwd_run.c"
 
 #include <stdio.h>
+
+int64_t lnorm__bwd_wide_min = 0; /* lnorm_cuda_run.c's, set here directly */
 
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
@@ -82,6 +84,8 @@ int lnorm__cuda_bwd_reduce(const lnorm__bparams *p, void *st)
     return record(0, -1, 0, 1, p);
 }
 
+static lnorm_bwd_segment seg(int op, int dt, int64_t rows, int64_t H, int aligned);
+
 static void check_tiers(void)
 {
     static const int64_t hs[] = {1, 8, 9, 16, 17, 1024, 1025, 8192, 8193, 16384, 16385, 131072, 131073, 1 << 24};
@@ -105,11 +109,24 @@ static void check_tiers(void)
                 CHECK(hs[i] <= cap && hs[i] > prev, "H=%lld: tier %d holds %lld, the one before %lld",
                       (long long)hs[i], t, (long long)cap, (long long)prev);
             } else {
-                CHECK(hs[i] > 131072, "H=%lld streams", (long long)hs[i]);
-                CHECK(desc && !strcmp(desc, "bwdstream1024"), "stream desc %s", desc ? desc : "(null)");
+                CHECK(hs[i] > 131072, "H=%lld in the wide tier", (long long)hs[i]);
+                CHECK(desc && !strcmp(desc, "bwdwide256cl8"), "wide desc %s", desc ? desc : "(null)");
             }
         }
     CHECK(lnorm_cuda_bwd_tier(0, 10, NULL) == -1 && lnorm_cuda_bwd_tier(1, 0, NULL) == -1, "invalid -> -1");
+    /* "bwd_wide": the wide tier from that size on, the register tiers below */
+    lnorm__bwd_wide_min = 4000;
+    const char *desc = NULL;
+    CHECK(lnorm_cuda_bwd_tier(LNORM_DTYPE_BF16, 3999, NULL) == 8, "3999 below bwd_wide");
+    CHECK(lnorm_cuda_bwd_tier(LNORM_DTYPE_BF16, 4000, &desc) == LNORM__BWD_NTIERS && desc &&
+              !strcmp(desc, "bwdwide256cl8"),
+          "4000 from bwd_wide on");
+    lnorm_bwd_segment w = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 256, 4096, 1);
+    CHECK(lnorm__bwd_grows(&w) == 8 && lnorm__bwd_fast_ok(&w), "a wide segment: G 8 (32 clusters of 8), fast");
+    w.dres = w.x;
+    CHECK(!lnorm__bwd_fast_ok(&w), "a wide segment with dres: general form");
+    lnorm__bwd_wide_min = 0;
+    CHECK(lnorm_cuda_bwd_tier(LNORM_DTYPE_BF16, 4000, NULL) == 8, "bwd_wide 0: the register tiers");
 }
 
 /* A described segment (host addresses stand in for device ones). */
@@ -136,7 +153,7 @@ static void check_groups(void)
         for (size_t j = 0; j < sizeof hs / sizeof *hs; j++) {
             lnorm_bwd_segment s = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, rows[i], hs[j], 1);
             const int t = lnorm_cuda_bwd_tier(s.x_dtype, s.hidden, NULL);
-            int tpr = 1024, cl = 1;
+            int tpr = LNORM__BWD_WIDE_BLOCK, cl = LNORM__BWD_WIDE_CL;
             if (t < LNORM__BWD_NTIERS)
                 lnorm__bwd_shape(t, &tpr, &cl);
             const int64_t g = lnorm__bwd_grows(&s);
@@ -176,7 +193,7 @@ static void check_batch(void)
     CHECK_EQ_INT(g_nrec, 0, "launches after a refusal");
     CHECK_EQ_INT(lnorm_cuda_run_bwd(&b, NULL, scr, need, &why), LNORM_OK, "run: %s", why ? why : "");
     /* launches: bf16 tier 9 fast {0,1,6}, bf16 tier 9 general {2 (misaligned), 5 (H*2 % 16 != 0)},
-     * f32 tier 14 fast {3}, f16 stream {4}, reduce */
+     * f32 tier 13 fast {3}, f16 wide tier fast {4}, reduce */
     CHECK_EQ_INT(g_nrec, 5, "launches");
     CHECK_EQ_INT(lnorm_cuda_bwd_launch_count(&b), g_nrec, "launch count");
     int seen[7] = {0};

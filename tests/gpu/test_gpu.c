@@ -25,8 +25,8 @@
  *     long lists, on small grids and in place (deferred_lists).
  * Usage: test_gpu [--quick | --dyn | --edges | --defer]  (--quick: a
  * reduced set for compute-sanitizer; --dyn: part 7's many-fill runs alone;
- * --edges: part 8 alone; --defer: the reduced deferred_lists alone, for
- * racecheck, which takes minutes over --quick)
+ * --edges: part 8 alone; --defer: the reduced deferred_lists alone, each
+ * run named as it starts, for racecheck, which takes minutes over --quick)
  * Needs a GPU: exits 1 (never "passes") when none is usable.
  */
 #include <math.h>
@@ -901,7 +901,7 @@ static void edges(lnorm_rng *g, int quick)
  * tiles), each against float64 and bit-identical to the general kernel;
  * then in place (y = x), which the host gives to the general kernel (the
  * link would overwrite x): the same bits again. */
-static void deferred_lists(lnorm_rng *g, int quick)
+static void deferred_lists(lnorm_rng *g, int quick, int verbose)
 {
     static const int64_t hs[] = {30, 200, 1000, 4096, 8000, 20000, 40000, 131072};
     static const struct {
@@ -955,6 +955,8 @@ static void deferred_lists(lnorm_rng *g, int quick)
                         CHECK_FAIL("%s: lnorm_cuda_set_tuning refused", label);
                         break;
                     }
+                    if (verbose)
+                        printf("%s (%s)\n", label, runs[ri].name);
                     lnorm_test_case t2 = tc;
                     if (!runs[ri].res) {
                         t2.seg.residual = NULL;
@@ -962,7 +964,7 @@ static void deferred_lists(lnorm_rng *g, int quick)
                         t2.residual = NULL;
                         t2.residual_out = NULL;
                     }
-                    const char *why = NULL;
+                        const char *why = NULL;
                     int err = gpu_run_ws(&t2, 0, runs[ri].dyn ? ws : NULL, &why);
                     if (err) {
                         CHECK_FAIL("%s (%s): %s (%s)", label, runs[ri].name, lnorm_errname(err), why ? why : "");
@@ -1111,11 +1113,11 @@ int main(int argc, char **argv)
     lnorm_rng_seed(&g, 0x6e7d5eedu);
     if (argc > 1 && !strcmp(argv[1], "--edges")) { /* this part alone */
         edges(&g, 0);
-        deferred_lists(&g, 0);
+        deferred_lists(&g, 0, 0);
         return finish_part("test_gpu --edges");
     }
     if (argc > 1 && !strcmp(argv[1], "--defer")) { /* this part alone, reduced */
-        deferred_lists(&g, 1);
+        deferred_lists(&g, 1, 1);
         return finish_part("test_gpu --defer");
     }
     if (argc > 1 && !strcmp(argv[1], "--dyn")) { /* this part alone */
@@ -1128,7 +1130,7 @@ int main(int argc, char **argv)
     bulk_pipeline(&g, quick);
     bulk_table(&g);
     edges(&g, quick);
-    deferred_lists(&g, quick);
+    deferred_lists(&g, quick, 0);
     if (!quick)
         dyn_wrap(&g);
     sweep(&g, quick);

@@ -1,7 +1,7 @@
 /*
  * gpu.bwd: the CUDA backward pass (lnorm_cuda_run_bwd) on a GPU.
  *  1. op x x dtype x hidden size inside every backward tier (odd sizes,
- *     the streaming tier) x options rotating over the cases (gamma none /
+ *     the wide tier past 131072) x options rotating over the cases (gamma none /
  *     x dtype / f32, statistics given or recomputed, eps inside / outside,
  *     dres, dy and dx of other dtypes, padded strides, tensors shifted by
  *     one element) against a float64 reference computed here: dx by
@@ -11,11 +11,13 @@
  *  2. Rows at the edges: constant rows, |mean| >> spread, huge (sums past
  *     FLT_MAX) and tiny (subnormal squares) values, with statistics given
  *     and recomputed; a NaN row (that row's dx NaN, the others right).
- *  3. Determinism: dx, dgamma and dbeta bit-identical for a segment run
+ *  3. The wide tier at every length ("bwd_wide" 1): sizes from 1 to 65536,
+ *     options rotating, random and edge rows.
+ *  4. Determinism: dx, dgamma and dbeta bit-identical for a segment run
  *     alone, inside a many-segment batch of mixed dtypes and tiers, and
  *     with the main launches' grid cut to a few CTAs ("bwd_grid": the SM
  *     count and the grid never change the bits).
- *  4. Bad input: EINVAL and nothing written (scratch too small, invalid
+ *  5. Bad input: EINVAL and nothing written (scratch too small, invalid
  *     segments).
  * Usage: test_gpu_bwd  (needs a GPU: exits 1, never "passes", without one)
  */
@@ -569,6 +571,42 @@ static void part_edges(void)
                 }
 }
 
+/* The wide tier at sizes the register tiers hold ("bwd_wide"), down to
+ * rows shorter than one thread's chunk, options rotating: its passes, the
+ * statistics sweeps and the rescue at every length, not only past 131072. */
+static void part_wide(void)
+{
+    static const int64_t hs[] = {1, 7, 100, 1000, 4097, 16384, 40000, 65536};
+    CHECK(lnorm_cuda_set_tuning("bwd_wide", 1) == LNORM_OK, "bwd_wide");
+    int n = 0;
+    for (int op = 1; op <= 2; op++)
+        for (int di = 0; di < 3; di++)
+            for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++)
+                for (int k = 0; k < 3; k++) {
+                    const int i = n++;
+                    int o = k == 0 ? O_GAMMA | O_STATS : (i % 3 == 0) ? 0 : (i % 3 == 1) ? O_GAMMA : O_GAMMA | O_GF32;
+                    if (k > 0) {
+                        o |= (i / 3) % 2 ? O_STATS : 0;
+                        o |= (i / 2) % 2 ? O_OUT : 0;
+                        o |= (i % 5 == 1) ? O_DRES : 0;
+                        o |= (i % 7 == 2) ? O_DYF32 : 0;
+                        o |= (i % 7 == 4) ? O_DXOTH : 0;
+                        o |= (i % 4 == 3) ? O_PAD : 0;
+                        o |= (i % 6 == 5) ? O_OFF : 0;
+                        o |= (i % 11 == 7) ? O_NODG : 0;
+                    }
+                    const int kind = k == 2 && hs[hi] > 1 ? ROWS_CONST + i % (ROWS_NAN - ROWS_CONST + 1) : ROWS_RANDOM;
+                    if (kind != ROWS_RANDOM)
+                        o &= ~O_DXOTH; /* a dx of 1e-20 has no f16 value */
+                    if ((kind == ROWS_HUGE || kind == ROWS_TINY) && dts[di] == LNORM_DTYPE_F16)
+                        continue; /* f16 holds neither */
+                    bcase c;
+                    one_case(&c, op, dts[di], hs[hi] >= 16384 ? 70 : 300, hs[hi], o, kind);
+                    bcase_free(&c);
+                }
+    lnorm_cuda_set_tuning("defaults", 0);
+}
+
 /* Bit-identical outputs: alone, in a batch of many segments, with the grid
  * cut to a few CTAs. */
 static int same_outputs(const bcase *a, const bcase *b)
@@ -700,6 +738,9 @@ int main(void)
     fflush(stdout);
     part_edges();
     printf("edges: %ld cases in all\n", g_cases);
+    fflush(stdout);
+    part_wide();
+    printf("wide tier throughout: %ld cases in all\n", g_cases);
     fflush(stdout);
     part_invariance();
     printf("invariance: done (%ld cases in all)\n", g_cases);
