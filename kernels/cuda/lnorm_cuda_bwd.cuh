@@ -514,7 +514,11 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
  * in registers. x and dy are read twice (five tensors' bytes moved for
  * three); what it saves is the per-row barrier that bounds the register
  * tiers' clusters. Rows, their sums and their order depend on the segment
- * alone, as in the register tiers. */
+ * alone, as in the register tiers. The fast form's cp.async ring starts
+ * again at each pass. (One ring over all of a sweep's (pass, row)
+ * iterations, gamma loaded a pass ahead, ran 0.89-0.97 as fast at
+ * H = 262144, side by side, and 0.81-0.96 at 16384-131072 against an
+ * earlier run, H200.) */
 template <typename TX, bool FAST>
 __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __grid_constant__ lnorm__bparams p)
 {
@@ -536,7 +540,6 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
      * thread at wst[((st * 2 + tensor) * NCH + j) * BLOCK + tid], NST - 1
      * iterations in flight while one is computed (16-bit x 8, f32 4) */
     constexpr int NST = LNORM__BWD_WIDE_STAGE_BYTES / (2 * NCH * 16);
-    constexpr int GW = sizeof(TX) == 4 ? 1 : 2; /* 16-byte loads a chunk of f32 gamma */
     static_assert(NST >= 2, "two stages at least");
     extern __shared__ uint4 wst[];
     cg::cluster_group clu = cg::this_cluster();
@@ -649,79 +652,6 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
                 dr[j] = wst[((st * 2 + 1) * NCH + j) * BLOCK + tid];
             }
         };
-        /* gamma's chunks of a pass: raw 16-byte loads a pass ahead (GW a
-         * chunk: f32 gamma with 16-bit x takes two), converted when the
-         * pass starts; gamma absent or not 16-byte aligned: gamma_at then. */
-        const bool graw = s->gamma != nullptr && gal;
-        auto gamma_load = [&](int q, uint4 (&gr)[NCH][GW]) {
-            if (!graw || q >= npass)
-                return;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c = col(q, j);
-#pragma unroll
-                for (int w = 0; w < GW; w++) {
-                    if (c + VEC <= H && (pf32 || w == 0))
-                        gr[j][w] = pf32 ? __ldg(reinterpret_cast<const uint4 *>((const float *)s->gamma + c) + w)
-                                        : __ldg(reinterpret_cast<const uint4 *>((const TX *)s->gamma + c));
-                }
-            }
-        };
-        auto gamma_pass = [&](int q, const uint4 (&gr)[NCH][GW], float (&gm)[NCH][VEC]) {
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c = col(q, j);
-                if (graw && c + VEC <= H) {
-                    if constexpr (GW == 2) {
-                        if (pf32) {
-                            float lo[4], hi[4];
-                            unpack<float>(gr[j][0], lo);
-                            unpack<float>(gr[j][1], hi);
-#pragma unroll
-                            for (int k = 0; k < 4; k++) {
-                                gm[j][k] = lo[k];
-                                gm[j][4 + k] = hi[k];
-                            }
-                            continue;
-                        }
-                    }
-                    unpack<TX>(gr[j][0], gm[j]);
-                } else {
-                    gamma_at(c, gm[j]);
-                }
-            }
-        };
-        /* The sweeps' pipeline over the iterations it = (q, i): FAST, the
-         * stage ring NST - 1 iterations ahead; else the iteration's chunks
-         * loaded in place. At a pass's first row, gamma's chunks. */
-        auto pipe_start = [&](int nit, uint4 (&gn)[NCH][GW]) {
-            if constexpr (FAST) {
-                for (int k = 0; k < NST - 1; k++) {
-                    if (k < nit)
-                        stage(k % n, k / n, k);
-                    cp_async_commit();
-                }
-            }
-            gamma_load(0, gn);
-        };
-        auto pipe_step = [&](int it, int nit, uint4 (&xr)[NCH], uint4 (&dr)[NCH], float (&gm)[NCH][VEC],
-                             uint4 (&gn)[NCH][GW]) {
-            const int q = it / n, i = it - q * n;
-            if constexpr (FAST) {
-                const int nx = it + NST - 1;
-                if (nx < nit)
-                    stage(nx % n, nx / n, nx % NST);
-                cp_async_commit();
-                cp_async_wait<NST - 1>();
-                unstage(it % NST, xr, dr);
-            } else {
-                fetch(i, q, xr, dr);
-            }
-            if (i == 0) {
-                gamma_pass(q, gn, gm);
-                gamma_load(q + 1, gn);
-            }
-        };
         /* One sweep of x over the group's rows: fn(i, c, k, x) adds element
          * k of chunk c (inside the row) into the thread's sum of row i. */
         auto sweep_x = [&](auto fn) {
@@ -822,16 +752,30 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
         /* a = sum(g), b = sum(g * xhat), g = dy * gamma (RMSNorm: b only):
          * a pass at a time, gamma's chunks of the pass in registers, the
          * group's rows; a warp's sums of (row, pass) added into wsum in
-         * pass order. Iteration it = (pass q, row i) = (it / n, it % n): the
-         * stage ring runs on over the passes. */
-        const int nit = npass * n;
-        {
-            uint4 xc[NCH], dc[NCH], gn[NCH][GW];
+         * pass order */
+        for (int q = 0; q < npass; q++) {
             float gm[NCH][VEC];
-            pipe_start(nit, gn);
-            for (int it = 0; it < nit; it++) {
-                const int q = it / n, i = it - q * n;
-                pipe_step(it, nit, xc, dc, gm, gn);
+#pragma unroll
+            for (int j = 0; j < NCH; j++)
+                gamma_at(col(q, j), gm[j]);
+            uint4 xc[NCH], dc[NCH];
+            if constexpr (FAST) {
+                for (int k = 0; k < NST - 1; k++) {
+                    if (k < n)
+                        stage(k, q, k);
+                    cp_async_commit();
+                }
+            }
+            for (int i = 0; i < n; i++) {
+                if constexpr (FAST) {
+                    if (i + NST - 1 < n)
+                        stage(i + NST - 1, q, (i + NST - 1) % NST);
+                    cp_async_commit();
+                    cp_async_wait<NST - 1>();
+                    unstage(i % NST, xc, dc);
+                } else {
+                    fetch(i, q, xc, dc);
+                }
                 const float K = rK[i], d = rd[i], rs = rrs[i];
                 float a = 0.0f, b = 0.0f;
 #pragma unroll
@@ -866,20 +810,35 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
             rmb[i] = mb;
         }
         __syncthreads();
-        /* dx, and the group's dgamma/dbeta partials, a pass at a time (the
-         * same iterations) */
-        {
-            uint4 xc[NCH], dc[NCH], gn[NCH][GW];
+        /* dx, and the group's dgamma/dbeta partials, a pass at a time */
+        for (int q = 0; q < npass; q++) {
+            if (col(q, 0) >= H)
+                continue; /* no column of this thread in the pass */
             float gm[NCH][VEC];
-            float4 acc[2 * NQ];
-            pipe_start(nit, gn);
-            for (int it = 0; it < nit; it++) {
-                const int q = it / n, i = it - q * n;
-                pipe_step(it, nit, xc, dc, gm, gn);
-                if (i == 0) {
 #pragma unroll
-                    for (int k = 0; k < 2 * NQ; k++)
-                        acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int j = 0; j < NCH; j++)
+                gamma_at(col(q, j), gm[j]);
+            float4 acc[2 * NQ];
+#pragma unroll
+            for (int k = 0; k < 2 * NQ; k++)
+                acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            uint4 xc[NCH], dc[NCH];
+            if constexpr (FAST) {
+                for (int k = 0; k < NST - 1; k++) {
+                    if (k < n)
+                        stage(k, q, k);
+                    cp_async_commit();
+                }
+            }
+            for (int i = 0; i < n; i++) {
+                if constexpr (FAST) {
+                    if (i + NST - 1 < n)
+                        stage(i + NST - 1, q, (i + NST - 1) % NST);
+                    cp_async_commit();
+                    cp_async_wait<NST - 1>();
+                    unstage(i % NST, xc, dc);
+                } else {
+                    fetch(i, q, xc, dc);
                 }
                 const int64_t r = r0 + i;
                 const float K = rK[i], d = rd[i], rs = rrs[i], ma = rma[i], mb = rmb[i];
@@ -919,22 +878,20 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
                                 st_any(s->dx, s->dx_dtype, r * s->dx_stride + c + k, o[k]);
                     }
                 }
-                if (i == n - 1) {
-                    float *pg = s->pdg ? s->pdg + g * H : nullptr;
-                    float *pb = s->pdb ? s->pdb + g * H : nullptr;
+            }
+            float *pg = s->pdg ? s->pdg + g * H : nullptr;
+            float *pb = s->pdb ? s->pdb + g * H : nullptr;
 #pragma unroll
-                    for (int k = 0; k < 2 * NQ; k++) {
-                        float *pp = k < NQ ? pg : pb;
-                        const int kk = k < NQ ? k : k - NQ;
-                        const int c = col(q, kk * 4 / VEC) + kk * 4 % VEC;
-                        if (pp) {
-                            const float e[4] = {acc[k].x, acc[k].y, acc[k].z, acc[k].w};
+            for (int k = 0; k < 2 * NQ; k++) {
+                float *pp = k < NQ ? pg : pb;
+                const int kk = k < NQ ? k : k - NQ;
+                const int c = col(q, kk * 4 / VEC) + kk * 4 % VEC;
+                if (pp) {
+                    const float e[4] = {acc[k].x, acc[k].y, acc[k].z, acc[k].w};
 #pragma unroll
-                            for (int m = 0; m < 4; m++)
-                                if (c + m < H)
-                                    pp[c + m] = e[m];
-                        }
-                    }
+                    for (int m = 0; m < 4; m++)
+                        if (c + m < H)
+                            pp[c + m] = e[m];
                 }
             }
         }
