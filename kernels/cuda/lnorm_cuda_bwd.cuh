@@ -652,6 +652,28 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
                 dr[j] = wst[((st * 2 + 1) * NCH + j) * BLOCK + tid];
             }
         };
+        /* A pass's rows in order: FAST, through the stage ring (NST - 1
+         * rows ahead, started again at each pass); else loaded in place. */
+        auto ring_start = [&](int q) {
+            if constexpr (FAST) {
+                for (int k = 0; k < NST - 1; k++) {
+                    if (k < n)
+                        stage(k, q, k);
+                    cp_async_commit();
+                }
+            }
+        };
+        auto ring_next = [&](int i, int q, uint4 (&xr)[NCH], uint4 (&dr)[NCH]) {
+            if constexpr (FAST) {
+                if (i + NST - 1 < n)
+                    stage(i + NST - 1, q, (i + NST - 1) % NST);
+                cp_async_commit();
+                cp_async_wait<NST - 1>();
+                unstage(i % NST, xr, dr);
+            } else {
+                fetch(i, q, xr, dr);
+            }
+        };
         /* One sweep of x over the group's rows: fn(i, c, k, x) adds element
          * k of chunk c (inside the row) into the thread's sum of row i. */
         auto sweep_x = [&](auto fn) {
@@ -759,23 +781,9 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
             for (int j = 0; j < NCH; j++)
                 gamma_at(col(q, j), gm[j]);
             uint4 xc[NCH], dc[NCH];
-            if constexpr (FAST) {
-                for (int k = 0; k < NST - 1; k++) {
-                    if (k < n)
-                        stage(k, q, k);
-                    cp_async_commit();
-                }
-            }
+            ring_start(q);
             for (int i = 0; i < n; i++) {
-                if constexpr (FAST) {
-                    if (i + NST - 1 < n)
-                        stage(i + NST - 1, q, (i + NST - 1) % NST);
-                    cp_async_commit();
-                    cp_async_wait<NST - 1>();
-                    unstage(i % NST, xc, dc);
-                } else {
-                    fetch(i, q, xc, dc);
-                }
+                ring_next(i, q, xc, dc);
                 const float K = rK[i], d = rd[i], rs = rrs[i];
                 float a = 0.0f, b = 0.0f;
 #pragma unroll
@@ -823,23 +831,9 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
             for (int k = 0; k < 2 * NQ; k++)
                 acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             uint4 xc[NCH], dc[NCH];
-            if constexpr (FAST) {
-                for (int k = 0; k < NST - 1; k++) {
-                    if (k < n)
-                        stage(k, q, k);
-                    cp_async_commit();
-                }
-            }
+            ring_start(q);
             for (int i = 0; i < n; i++) {
-                if constexpr (FAST) {
-                    if (i + NST - 1 < n)
-                        stage(i + NST - 1, q, (i + NST - 1) % NST);
-                    cp_async_commit();
-                    cp_async_wait<NST - 1>();
-                    unstage(i % NST, xc, dc);
-                } else {
-                    fetch(i, q, xc, dc);
-                }
+                ring_next(i, q, xc, dc);
                 const int64_t r = r0 + i;
                 const float K = rK[i], d = rd[i], rs = rrs[i], ma = rma[i], mb = rmb[i];
                 TX *dxp = (TX *)s->dx + r * s->dx_stride;

@@ -518,6 +518,24 @@ static int64_t rows_for(int64_t H)
     return r < 3 ? 3 : r > 700 ? 700 : r;
 }
 
+/* Case i's options, rotating over every combination's parts: gamma none /
+ * x dtype / f32, statistics given, eps outside, dres, dy f32, dx of another
+ * dtype, padded strides, tensors shifted, no dgamma, no dbeta. */
+static int rotating_opts(int i)
+{
+    int o = (i % 3 == 0) ? 0 : (i % 3 == 1) ? O_GAMMA : O_GAMMA | O_GF32;
+    o |= (i / 3) % 2 ? O_STATS : 0;
+    o |= (i / 2) % 2 ? O_OUT : 0;
+    o |= (i % 5 == 1) ? O_DRES : 0;
+    o |= (i % 7 == 2) ? O_DYF32 : 0;
+    o |= (i % 7 == 4) ? O_DXOTH : 0;
+    o |= (i % 4 == 3) ? O_PAD : 0;
+    o |= (i % 6 == 5) ? O_OFF : 0;
+    o |= (i % 11 == 7) ? O_NODG : 0;
+    o |= (i % 13 == 8) ? O_NODB : 0;
+    return o;
+}
+
 static void part_matrix(void)
 {
     int n = 0;
@@ -527,21 +545,8 @@ static void part_matrix(void)
                 const int64_t H = tier_h[hi];
                 /* the fast form (gamma, statistics given), then rotating options */
                 int opts[3] = {O_GAMMA | O_STATS, 0, 0};
-                for (int k = 1; k < 3; k++) {
-                    const int i = n++;
-                    int o = 0;
-                    o |= (i % 3 == 0) ? 0 : (i % 3 == 1) ? O_GAMMA : O_GAMMA | O_GF32;
-                    o |= (i / 3) % 2 ? O_STATS : 0;
-                    o |= (i / 2) % 2 ? O_OUT : 0;
-                    o |= (i % 5 == 1) ? O_DRES : 0;
-                    o |= (i % 7 == 2) ? O_DYF32 : 0;
-                    o |= (i % 7 == 4) ? O_DXOTH : 0;
-                    o |= (i % 4 == 3) ? O_PAD : 0;
-                    o |= (i % 6 == 5) ? O_OFF : 0;
-                    o |= (i % 11 == 7) ? O_NODG : 0;
-                    o |= (i % 13 == 8) ? O_NODB : 0;
-                    opts[k] = o;
-                }
+                for (int k = 1; k < 3; k++)
+                    opts[k] = rotating_opts(n++);
                 for (int k = 0; k < 3; k++) {
                     bcase c;
                     one_case(&c, op, dts[di], rows_for(H), H, opts[k], ROWS_RANDOM);
@@ -584,17 +589,7 @@ static void part_wide(void)
             for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++)
                 for (int k = 0; k < 3; k++) {
                     const int i = n++;
-                    int o = k == 0 ? O_GAMMA | O_STATS : (i % 3 == 0) ? 0 : (i % 3 == 1) ? O_GAMMA : O_GAMMA | O_GF32;
-                    if (k > 0) {
-                        o |= (i / 3) % 2 ? O_STATS : 0;
-                        o |= (i / 2) % 2 ? O_OUT : 0;
-                        o |= (i % 5 == 1) ? O_DRES : 0;
-                        o |= (i % 7 == 2) ? O_DYF32 : 0;
-                        o |= (i % 7 == 4) ? O_DXOTH : 0;
-                        o |= (i % 4 == 3) ? O_PAD : 0;
-                        o |= (i % 6 == 5) ? O_OFF : 0;
-                        o |= (i % 11 == 7) ? O_NODG : 0;
-                    }
+                    int o = k == 0 ? O_GAMMA | O_STATS : rotating_opts(i);
                     const int kind = k == 2 && hs[hi] > 1 ? ROWS_CONST + i % (ROWS_NAN - ROWS_CONST + 1) : ROWS_RANDOM;
                     if (kind != ROWS_RANDOM)
                         o &= ~O_DXOTH; /* a dx of 1e-20 has no f16 value */
