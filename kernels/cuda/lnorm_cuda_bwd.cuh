@@ -501,24 +501,24 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
 }
 
 /* The wide tier (rows longer than the cluster tiers hold, of any length):
- * a cluster of WCL CTAs of WBLOCK threads takes a row group, the row's
- * columns in passes of W = WCL * WBLOCK * WCOLS: chunk j of thread t of
- * rank k in pass q covers columns q * W + ((k * NCH + j) * WBLOCK + t) *
- * VEC, + VEC (NCH * VEC = WCOLS). Nothing of a row stays in registers. The group is swept row by
- * row for its sums (the statistics where not given, then a and b): each
- * thread adds its columns of a row, a warp tree puts the warp's sum into
- * shared memory, and at the sweep's end the group's rows are reduced
- * together (warps in order, then the cluster's CTAs in rank order): one
- * cluster barrier a sweep instead of one a row. Then, pass by pass, the
- * group's rows again for dx, with the pass's dgamma and dbeta accumulators
- * in registers. x and dy are read twice (five tensors' bytes moved for
- * three); what it saves is the per-row barrier that bounds the register
- * tiers' clusters. Rows, their sums and their order depend on the segment
- * alone, as in the register tiers. The fast form's cp.async ring starts
- * again at each pass. (One ring over all of a sweep's (pass, row)
- * iterations, gamma loaded a pass ahead, ran 0.89-0.97 as fast at
- * H = 262144, side by side, and 0.81-0.96 at 16384-131072 against an
- * earlier run, H200.) */
+ * a cluster of CL = LNORM__BWD_WIDE_CL CTAs of BLOCK = LNORM__BWD_WIDE_BLOCK
+ * threads takes a row group, the row's columns in passes of W = CL * BLOCK
+ * * LNORM__BWD_WIDE_COLS: chunk j of thread t of rank k in pass q covers
+ * columns q * W + ((k * NCH + j) * BLOCK + t) * VEC, + VEC. Nothing of a
+ * row stays in registers. The group is swept row by row for its sums (the
+ * statistics where not given, then a and b): each thread adds its columns
+ * of a row, a warp tree puts the warp's sum into shared memory, and at the
+ * sweep's end the group's rows are reduced together (warps in order, then
+ * the cluster's CTAs in rank order): one cluster barrier a sweep instead
+ * of one a row. Then, pass by pass, the group's rows again for dx, with
+ * the pass's dgamma and dbeta accumulators in registers. x and dy are read
+ * twice (five tensors' bytes moved for three); what it saves is the
+ * per-row barrier that bounds the register tiers' clusters. Rows, their
+ * sums and their order depend on the segment alone, as in the register
+ * tiers. The fast form's cp.async ring starts again at each pass. (One
+ * ring over all of a sweep's (pass, row) iterations, gamma loaded a pass
+ * ahead, ran 0.89-0.97 as fast at H = 262144, side by side, and 0.81-0.96
+ * at 16384-131072 against an earlier run, H200.) */
 template <typename TX, bool FAST>
 __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __grid_constant__ lnorm__bparams p)
 {
@@ -1006,7 +1006,9 @@ template <typename TX> static cudaError_t launch_bwd_wide(bool fast, const lnorm
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = cluster_config(CL, dim3((unsigned)(n * CL), 1, 1), dim3(LNORM__BWD_WIDE_BLOCK, 1, 1),
                                             fast ? SMEM : 0, st, &at);
-    return fast ? cudaLaunchKernelEx(&cfg, k_bwd_wide<TX, true>, *p) : cudaLaunchKernelEx(&cfg, k_bwd_wide<TX, false>, *p);
+    if (fast)
+        return cudaLaunchKernelEx(&cfg, k_bwd_wide<TX, true>, *p);
+    return cudaLaunchKernelEx(&cfg, k_bwd_wide<TX, false>, *p);
 }
 
 /* Launch backward tier `tier` (lnorm_cuda_bwd_impl.h) for x of type TX.
