@@ -128,7 +128,9 @@ def main():
     a = ap.parse_args()
     lib = load_lib(a.lib)
     for kv in filter(None, a.tuning.split(",")):
-        k, v = kv.split("=")
+        k, _, v = kv.partition("=")
+        if not k or not v.lstrip("-").isdigit():
+            raise SystemExit(f"--tuning {kv}: want NAME=INTEGER")
         if lib.lnorm_cuda_set_tuning(k.encode(), int(v)) != 0:
             raise SystemExit(f"--tuning {kv}: refused")
     if a.elems_log2 is None:
