@@ -293,6 +293,10 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                     xn[j] = dn[j] = make_uint4(0u, 0u, 0u, 0u);
                 fetch(r, 0);
             }
+            /* Column k of chunk j in the row: the fast form's chunks are
+             * whole (H a multiple of VEC), so one test a chunk gives the same
+             * answer as one an element (in the general form). */
+            auto inrow = [&](int j, int k) { return FAST ? c0s[j] < Hr : c0s[j] + k < Hr; };
             float xf[NCH][VEC], dyf[NCH][VEC];
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
@@ -316,7 +320,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                     for (int j = 0; j < NCH; j++)
 #pragma unroll
                         for (int k = 0; k < VEC; k++)
-                            sum += c0s[j] + k < Hr ? xf[j][k] - K : 0.0f;
+                            sum += inrow(j, k) ? xf[j][k] - K : 0.0f;
                     sum = group_sum<TPR, BLOCK, CL>(sum, red, cred, rank, par);
                     par++;
                     d = Hr > 0 ? sum / fH : 0.0f;
@@ -326,7 +330,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                 for (int j = 0; j < NCH; j++)
 #pragma unroll
                     for (int k = 0; k < VEC; k++) {
-                        const float e = c0s[j] + k < Hr ? (rms ? xf[j][k] : (xf[j][k] - K) - d) : 0.0f;
+                        const float e = inrow(j, k) ? (rms ? xf[j][k] : (xf[j][k] - K) - d) : 0.0f;
                         sq = __fmaf_rn(e, e, sq);
                     }
                 sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                         for (int j = 0; j < NCH; j++)
 #pragma unroll
                             for (int k = 0; k < VEC; k++)
-                                a = __fadd_rn(a, c0s[j] + k < Hr ? __fmul_rn(xf[j][k] - K, sc) : 0.0f);
+                                a = __fadd_rn(a, inrow(j, k) ? __fmul_rn(xf[j][k] - K, sc) : 0.0f);
                         a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
                         par++;
                         ds = Hr > 0 ? a / fH : 0.0f;
@@ -356,7 +360,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
 #pragma unroll
                         for (int k = 0; k < VEC; k++) {
                             const float tv = __fmul_rn(rms ? xf[j][k] : xf[j][k] - K, sc);
-                            const float e = c0s[j] + k < Hr ? (rms ? tv : __fsub_rn(tv, ds)) : 0.0f;
+                            const float e = inrow(j, k) ? (rms ? tv : __fsub_rn(tv, ds)) : 0.0f;
                             b = __fmaf_rn(e, e, b);
                         }
                     b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
@@ -370,7 +374,13 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                 }
             }
             const float rstd = s->rstd ? rs_g : rs;
-            const float mean = mn_g;
+            /* x centred as (x - c1) - c2: x (RMSNorm: 0, 0), x - mean (given:
+             * mean, 0) or (x - K) - d (recomputed: K, d), the same bits as
+             * each (subtracting +0 changes no value, -0 included), with no
+             * branch an element (selected an element, the three forms cost
+             * about 5 instructions an element, sm_90). */
+            const float c1 = rms ? 0.0f : use_mean ? mn_g : K;
+            const float c2 = rms || use_mean ? 0.0f : d;
             /* xhat and g = dy * gamma in place of x and dy's fp32 values,
              * dgamma's and dbeta's terms into the accumulators. */
 #pragma unroll
@@ -385,8 +395,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                 }
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
-                    const float xc = rms ? xf[j][k] : use_mean ? __fsub_rn(xf[j][k], mean) : __fsub_rn(xf[j][k] - K, d);
-                    xf[j][k] = __fmul_rn(xc, rstd);
+                    xf[j][k] = __fmul_rn(__fsub_rn(__fsub_rn(xf[j][k], c1), c2), rstd);
                 }
                 if (active) {
 #pragma unroll
@@ -414,7 +423,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
             for (int j = 0; j < NCH; j++)
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
-                    const bool in = c0s[j] + k < Hr;
+                    const bool in = inrow(j, k);
                     a = in ? __fadd_rn(a, dyf[j][k]) : a;
                     b = in ? __fmaf_rn(dyf[j][k], xf[j][k], b) : b;
                 }
@@ -795,7 +804,7 @@ __global__ void __launch_bounds__(LNORM__BWD_WIDE_BLOCK, 2) k_bwd_wide(const __g
                         dy_of(i, c, dc[j], dyf);
 #pragma unroll
                         for (int k = 0; k < VEC; k++) {
-                            const bool in = c + k < H;
+                            const bool in = FAST || c + k < H; /* FAST: whole chunks */
                             const float xh = __fmul_rn(__fsub_rn(f[k] - K, d), rs);
                             const float gv = __fmul_rn(dyf[k], gm[j][k]);
                             a = in ? __fadd_rn(a, gv) : a;
