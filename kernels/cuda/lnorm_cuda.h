@@ -98,7 +98,10 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
  * CTAs (clusters), each then taking many rows; 0 = no cap); "bwd_grid" N >= 0 (the backward's main launches use at most N
  * CTAs (clusters), which then loop over the row groups; 0 = one a group);
  * "bwd_wide" N >= 0 (the backward's wide tier for every hidden size >= N;
- * 0 = only where the register tiers end); "defaults" 0 puts every setting back. Returns LNORM_EINVAL for an
+ * 0 = only where the register tiers end); "bwd_pair" 0/1/2 (the backward
+ * register tiers' fast form, statistics given, eps inside, takes a CTA's
+ * rows two at a time, one reduction for both: never, where it pays
+ * (default: 16-bit x), for every dtype); "defaults" 0 puts every setting back. Returns LNORM_EINVAL for an
  * unknown name or value. */
 int lnorm_cuda_set_tuning(const char *name, int value);
 

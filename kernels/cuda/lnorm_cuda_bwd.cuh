@@ -153,6 +153,8 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
     __shared__ float2 red2[2][BLOCK / 32];
     __shared__ ClusterRed<CL, BLOCK / 32> cr;
     __shared__ ClusterRed2<CL, BLOCK / 32> cr2;
+    __shared__ float4 red4[FAST ? 2 : 1][BLOCK / 32];
+    __shared__ ClusterRed4<CL, FAST ? BLOCK / 32 : 1> cr4;
     /* The accumulators of dgamma (quads 0 .. NC/4 - 1) and dbeta (the next
      * NC/4) of this thread, in registers over the group's rows; at the end
      * of a group of a CTA of several row slots, quad q of thread tid goes
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
      * staged the same way, 4-byte copies a thread, ran 5-20% slower than
      * loading them into registers a row ahead; H200.) */
     uint4 *stg = dsm;
-    void *cred = &cr, *cred2 = &cr2;
+    void *cred = &cr, *cred2 = &cr2, *cred4 = &cr4;
     const int tid = (int)threadIdx.x;
     const int slot = tid / TPR, t = tid % TPR;
     int rank = 0;
@@ -176,9 +178,10 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
         rank = (int)cg::this_cluster().block_rank();
         cluster_red_init(&cr);
         cluster_red_init(&cr2);
+        cluster_red_init(&cr4);
         cg::this_cluster().sync();
     }
-    int par = 0, par2 = 0; /* group_sum's and group_sum2's counts */
+    int par = 0, par2 = 0, par4 = 0; /* group_sum's and group_sumv's counts */
     const int64_t ncl = gridDim.x / CL;
     for (int64_t gi = blockIdx.x / CL; gi < p.total; gi += ncl) {
         const lnorm__bseg *s = find_bseg(p, gi, false);
@@ -259,15 +262,144 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                     mn_n = s->mean[r];
             }
         };
-        fetch_stats(r0 + slot);
+        /* Rows two at a time (s->pair, the host's rule: the fast form, the
+         * statistics given and eps inside): each row of the slot's pair is
+         * read from its stage, its dgamma/dbeta terms added and its two
+         * sums taken; both rows' sums are then reduced at once (one
+         * barrier or cluster exchange for two rows), and each row is read
+         * again from its stage for dx. The same operations a row as the
+         * loop below, so the same bits. */
+        const bool pair = FAST && s->pair;
         if constexpr (FAST) {
+            if (pair) {
+                static_assert(NST >= 3, "two rows held while the next is in flight");
+                /* x (centred and scaled: xhat) and dy of the slot's row in
+                 * stage st, as fp32 */
+                auto row_of = [&](int st, float c1, float rs, float (&xf)[NCH][VEC], float (&dyf)[NCH][VEC]) {
 #pragma unroll
-            for (int st = 0; st < NST - 1; st++) {
-                fetch(r0 + (int64_t)st * RPC + slot, st);
-                cp_async_commit();
+                    for (int j = 0; j < NCH; j++) {
+                        unpack<TX>(stg[((st * 2 + 0) * NCH + j) * BLOCK + tid], xf[j]);
+                        unpack<TX>(stg[((st * 2 + 1) * NCH + j) * BLOCK + tid], dyf[j]);
+#pragma unroll
+                        for (int k = 0; k < VEC; k++)
+                            xf[j][k] = __fmul_rn(__fsub_rn(xf[j][k], c1), rs);
+                    }
+                };
+                float rsn[2] = {0.0f, 0.0f}, mnn[2] = {0.0f, 0.0f};
+                auto pair_stats = [&](int it) {
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int64_t r = r0 + (int64_t)(it + u) * RPC + slot;
+                        if (r < r1) {
+                            rsn[u] = s->rstd[r];
+                            mnn[u] = use_mean ? s->mean[r] : 0.0f;
+                        }
+                    }
+                };
+                pair_stats(0);
+#pragma unroll
+                for (int st = 0; st < NST - 2; st++) {
+                    fetch(r0 + (int64_t)st * RPC + slot, st);
+                    cp_async_commit();
+                }
+                for (int it = 0; it < nit; it += 2) {
+                    const float rs2[2] = {rsn[0], rsn[1]}, c12[2] = {rms ? 0.0f : mnn[0], rms ? 0.0f : mnn[1]};
+                    if (it + 2 < nit)
+                        pair_stats(it + 2);
+                    /* rows it + NST - 2 and it + NST - 1 into the previous
+                     * pair's stages, then wait for this pair's */
+                    fetch(r0 + (int64_t)(it + NST - 2) * RPC + slot, (it + NST - 2) % NST);
+                    cp_async_commit();
+                    fetch(r0 + (int64_t)(it + NST - 1) * RPC + slot, (it + NST - 1) % NST);
+                    cp_async_commit();
+                    cp_async_wait<NST - 2>();
+                    float sa[2], sb[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const bool active = r0 + (int64_t)(it + u) * RPC + slot < r1;
+                        const int Hr = active ? H : 0;
+                        float xf[NCH][VEC], dyf[NCH][VEC];
+                        row_of((it + u) % NST, c12[u], rs2[u], xf, dyf);
+                        if (active) {
+#pragma unroll
+                            for (int j = 0; j < NCH; j++)
+#pragma unroll
+                                for (int k4 = 0; k4 < VEC; k4 += 4) {
+                                    const int q = (j * VEC + k4) / 4;
+                                    float4 vg = acc[q], vb = acc[NQ + q];
+                                    vg.x = __fmaf_rn(dyf[j][k4], xf[j][k4], vg.x);
+                                    vg.y = __fmaf_rn(dyf[j][k4 + 1], xf[j][k4 + 1], vg.y);
+                                    vg.z = __fmaf_rn(dyf[j][k4 + 2], xf[j][k4 + 2], vg.z);
+                                    vg.w = __fmaf_rn(dyf[j][k4 + 3], xf[j][k4 + 3], vg.w);
+                                    vb.x = __fadd_rn(vb.x, dyf[j][k4]);
+                                    vb.y = __fadd_rn(vb.y, dyf[j][k4 + 1]);
+                                    vb.z = __fadd_rn(vb.z, dyf[j][k4 + 2]);
+                                    vb.w = __fadd_rn(vb.w, dyf[j][k4 + 3]);
+                                    acc[q] = vg;
+                                    acc[NQ + q] = vb;
+                                }
+                        }
+                        float a = 0.0f, b = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < NCH; j++)
+#pragma unroll
+                            for (int k = 0; k < VEC; k++) {
+                                const float g = __fmul_rn(dyf[j][k], gmr[j][k]);
+                                const bool in = c0s[j] < Hr; /* whole chunks */
+                                a = in ? __fadd_rn(a, g) : a;
+                                b = in ? __fmaf_rn(g, xf[j][k], b) : b;
+                            }
+                        sa[u] = a;
+                        sb[u] = b;
+                    }
+                    if (!rms) {
+                        const float4 v = group_sumv<TPR, BLOCK, CL>(make_float4(sa[0], sb[0], sa[1], sb[1]), red4,
+                                                                    cred4, rank, par4);
+                        par4++;
+                        sa[0] = v.x;
+                        sb[0] = v.y;
+                        sa[1] = v.z;
+                        sb[1] = v.w;
+                    } else {
+                        const float2 v = group_sumv<TPR, BLOCK, CL>(make_float2(sb[0], sb[1]), red2, cred2, rank, par2);
+                        par2++;
+                        sb[0] = v.x;
+                        sb[1] = v.y;
+                    }
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int64_t r = r0 + (int64_t)(it + u) * RPC + slot;
+                        if (r >= r1)
+                            continue;
+                        const float ma = rms ? 0.0f : sa[u] / fH, mb = sb[u] / fH;
+                        float xf[NCH][VEC], dyf[NCH][VEC];
+                        row_of((it + u) % NST, c12[u], rs2[u], xf, dyf);
+                        TX *dxp = (TX *)s->dx + r * s->dx_stride;
+                        const bool dxal = ((uintptr_t)dxp & 15) == 0;
+#pragma unroll
+                        for (int j = 0; j < NCH; j++) {
+                            float o[VEC];
+#pragma unroll
+                            for (int k = 0; k < VEC; k++)
+                                o[k] = bwd_dx(__fmul_rn(dyf[j][k], gmr[j][k]), xf[j][k], ma, mb, rs2[u]);
+                            store_raw<TX>(dxp, c0s[j], H, dxal, pack<TX>(o));
+                        }
+                    }
+                }
             }
         }
-        for (int it = 0; it < nit; it++) {
+        if (!pair)
+            fetch_stats(r0 + slot);
+        if constexpr (FAST) {
+            if (!pair) {
+#pragma unroll
+                for (int st = 0; st < NST - 1; st++) {
+                    fetch(r0 + (int64_t)st * RPC + slot, st);
+                    cp_async_commit();
+                }
+            }
+        }
+        for (int it = 0; it < (pair ? 0 : nit); it++) {
             const int64_t r = r0 + (int64_t)it * RPC + slot;
             const bool active = r < r1;
             const int Hr = active ? H : 0;
@@ -428,7 +560,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                     b = in ? __fmaf_rn(dyf[j][k], xf[j][k], b) : b;
                 }
             if (!rms) {
-                const float2 ab = group_sum2<TPR, BLOCK, CL>(make_float2(a, b), red2, cred2, rank, par2);
+                const float2 ab = group_sumv<TPR, BLOCK, CL>(make_float2(a, b), red2, cred2, rank, par2);
                 par2++;
                 a = ab.x;
                 b = ab.y;

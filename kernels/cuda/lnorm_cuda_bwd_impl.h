@@ -46,6 +46,7 @@ typedef struct lnorm__bseg {
     int32_t dx_dtype;
     int32_t param_dtype;
     int32_t eps_mode;
+    int32_t pair; /* the fast form's rows two at a time (lnorm__bwd_pair_ok) */
 } lnorm__bseg;
 
 /* A launch: a device table of nsegs segments sorted by group_begin (main
@@ -100,6 +101,11 @@ extern int lnorm__bwd_grid;
  * only (lnorm_cuda_set_tuning "bwd_wide"): for tests and benchmarks of the
  * wide tier at sizes the register tiers hold. */
 extern int64_t lnorm__bwd_wide_min;
+/* Where the register tiers' fast form takes rows two at a time when the
+ * statistics are given (lnorm_cuda_set_tuning "bwd_pair"): 0 never, 1
+ * where it pays (default: 16-bit x), 2 for every dtype. */
+#define LNORM__INIT_BWD_PAIR 1
+extern int lnorm__bwd_pair;
 
 /* Launch backward tier `tier` for x of dtype F32 / F16 / BF16 (fast: every
  * segment of the launch qualifies for the fast form, lnorm__bwd_fast_ok),

@@ -129,6 +129,25 @@ static int lnorm__bwd_fast_ok(const lnorm_bwd_segment *s)
            ((size_t)s->x_stride * es) % 16 == 0 && ((size_t)s->dy_stride * es) % 16 == 0;
 }
 
+/* Whether a segment's rows go two at a time (lnorm_cuda_bwd.cuh, k_bwd's
+ * s->pair): the fast form in a register tier, with the statistics given
+ * (rstd, and mean for LayerNorm) and eps inside the sqrt; by default for
+ * 16-bit x only. Why: 16-bit rows wait on their reductions (half the bytes
+ * an instruction of f32's), and two rows a reduction ran bf16 1.07-1.16x
+ * faster from 8192 (512 threads a row, clusters) and 1.00-1.04x below;
+ * f32 ran 0.93-1.01x, the second read of its larger stages costing more
+ * than the barrier saved (H200). */
+static int lnorm__bwd_pair_ok(const lnorm_bwd_segment *s)
+{
+    if (lnorm__bwd_pair == 0 || !lnorm__bwd_fast_ok(s) || !s->rstd || s->eps_mode != LNORM_EPS_INSIDE ||
+        (s->op != LNORM_OP_RMSNORM && !s->mean))
+        return 0;
+    const int tier = lnorm_cuda_bwd_tier(s->x_dtype, s->hidden, NULL);
+    if (tier >= LNORM__BWD_NTIERS)
+        return 0;
+    return lnorm__bwd_pair == 2 || s->x_dtype != LNORM_DTYPE_F32;
+}
+
 /* Launch group of a segment: x dtype, tier, form. */
 static int lnorm__bwd_key(const lnorm_bwd_segment *s)
 {
@@ -165,6 +184,7 @@ static void lnorm__to_bseg(lnorm__bseg *k, const lnorm_bwd_segment *s, int64_t g
     k->dx_dtype = s->dx_dtype;
     k->param_dtype = s->param_dtype;
     k->eps_mode = s->eps_mode;
+    k->pair = lnorm__bwd_pair_ok(s);
     const size_t one = lnorm__bwd_align((size_t)k->ngroups * (size_t)s->hidden * sizeof(float));
     if (s->dgamma) {
         k->pdg = (float *)*part;

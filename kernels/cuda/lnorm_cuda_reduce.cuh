@@ -230,15 +230,63 @@ __device__ __forceinline__ float group_sum(float x, float (*red)[BLOCK / 32], vo
     return x;
 }
 
-/* Cluster reduction state for two sums at once (group_sum2): ClusterRed's
- * buffers with 8-byte slots, and its own barriers, so its reductions count
- * on their own (par2) beside group_sum's. */
-template <int CL, int NW> struct ClusterRed2 {
-    uint64_t bar[LNORM__CRB];
-    float2 slot[LNORM__CRB][CL][NW];
+/* Several sums at once (group_sumv): V = float2 or float4, each of its
+ * values summed as group_sum sums one, the same operations in the same
+ * order (so the same bits), with the barriers and the cluster exchanges of
+ * one. Why: the backward pass's row sums are independent (a and b of a
+ * row, or of two rows), and each CTA or cluster barrier is time the rows'
+ * bytes are not streaming. */
+template <typename V> struct VecOps;
+template <> struct VecOps<float2> {
+    static __device__ __forceinline__ float2 zero() { return make_float2(0.0f, 0.0f); }
+    static __device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+    static __device__ __forceinline__ float2 shfl_xor(float2 v, int m)
+    {
+        return make_float2(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m));
+    }
+    /* st_async_peer of the pair */
+    static __device__ __forceinline__ void st_async(float2 *dst, float2 v, uint64_t *bar, uint32_t peer)
+    {
+        uint32_t rd, rb;
+        peer_map(dst, bar, peer, rd, rb);
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(rd),
+                     "f"(v.x), "f"(v.y), "r"(rb)
+                     : "memory");
+    }
+};
+template <> struct VecOps<float4> {
+    static __device__ __forceinline__ float4 zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    static __device__ __forceinline__ float4 add(float4 a, float4 b)
+    {
+        return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+    static __device__ __forceinline__ float4 shfl_xor(float4 v, int m)
+    {
+        return make_float4(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m),
+                           __shfl_xor_sync(0xffffffffu, v.z, m), __shfl_xor_sync(0xffffffffu, v.w, m));
+    }
+    static __device__ __forceinline__ void st_async(float4 *dst, float4 v, uint64_t *bar, uint32_t peer)
+    {
+        uint32_t rd, rb;
+        peer_map(dst, bar, peer, rd, rb);
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(rd),
+            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
+            : "memory");
+    }
 };
 
-template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(ClusterRed2<CL, NW> *cr)
+/* Cluster reduction state of group_sumv: ClusterRed's buffers with slots
+ * of V, and its own barriers, so each kind's reductions count on their own
+ * (parv) beside group_sum's. */
+template <int CL, int NW, typename V> struct ClusterRedV {
+    uint64_t bar[LNORM__CRB];
+    V slot[LNORM__CRB][CL][NW];
+};
+template <int CL, int NW> using ClusterRed2 = ClusterRedV<CL, NW, float2>;
+template <int CL, int NW> using ClusterRed4 = ClusterRedV<CL, NW, float4>;
+
+template <int CL, int NW, typename V> __device__ __forceinline__ void cluster_red_init(ClusterRedV<CL, NW, V> *cr)
 {
     if (threadIdx.x == 0) {
         for (int i = 0; i < LNORM__CRB; i++)
@@ -247,103 +295,80 @@ template <int CL, int NW> __device__ __forceinline__ void cluster_red_init(Clust
     }
 }
 
-/* st_async_peer of an 8-byte pair of floats. */
-__device__ __forceinline__ void st_async_peer2(float2 *dst, float2 v, uint64_t *bar, uint32_t peer)
+/* group_sum of each value of x. redv: [2][BLOCK / 32] of V; crv:
+ * ClusterRedV<CL, BLOCK / 32, V>; parv: this kind's own count. */
+template <int TPR, int BLOCK, int CL, typename V>
+__device__ __forceinline__ V group_sumv(V x, V (*redv)[BLOCK / 32], void *crv, int rank, int parv)
 {
-    uint32_t rd, rb;
-    peer_map(dst, bar, peer, rd, rb);
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(rd),
-                 "f"(v.x), "f"(v.y), "r"(rb)
-                 : "memory");
-}
-
-__device__ __forceinline__ float2 add2(float2 a, float2 b)
-{
-    return make_float2(a.x + b.x, a.y + b.y);
-}
-
-__device__ __forceinline__ float2 shfl_xor2(float2 v, int m)
-{
-    return make_float2(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m));
-}
-
-/* Two sums of a row group at once: group_sum of each of x.x and x.y, the
- * same operations in the same order (so the same bits), with the barriers
- * and the cluster exchanges of one. Why: the backward pass's two row sums
- * are independent, and each CTA or cluster barrier is time the row's
- * bytes are not streaming. red2: [2][BLOCK / 32] pairs; crv: ClusterRed2;
- * par2: this kind's own count. */
-template <int TPR, int BLOCK, int CL>
-__device__ __forceinline__ float2 group_sum2(float2 x, float2 (*red2)[BLOCK / 32], void *crv, int rank, int par2)
-{
+    using O = VecOps<V>;
 #pragma unroll
     for (int m = (TPR < 32 ? TPR : 32) / 2; m > 0; m >>= 1)
-        x = add2(x, shfl_xor2(x, m));
+        x = O::add(x, O::shfl_xor(x, m));
     if constexpr (CL >= 8) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
         constexpr int NW = BLOCK / 32;
         static_assert(NW <= 32 && CL <= 32, "one slot a lane");
-        ClusterRed2<CL, NW> *cr = static_cast<ClusterRed2<CL, NW> *>(crv);
-        const int b = par2 % LNORM__CRB;
+        ClusterRedV<CL, NW, V> *cr = static_cast<ClusterRedV<CL, NW, V> *>(crv);
+        const int b = parv % LNORM__CRB;
         const int lane = (int)(threadIdx.x & 31);
         const int w = (int)(threadIdx.x / 32);
         if (lane == 0)
-            red2[par2 & 1][w] = x;
+            redv[parv & 1][w] = x;
         if (threadIdx.x == 0)
-            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * sizeof(float2)));
+            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * sizeof(V)));
         __syncthreads();
-        float2 *tot = &cr->slot[b][0][0];
+        V *tot = &cr->slot[b][0][0];
         if (w < CL) {
-            float2 c = lane < NW ? red2[par2 & 1][lane] : make_float2(0.0f, 0.0f);
+            V c = lane < NW ? redv[parv & 1][lane] : O::zero();
 #pragma unroll
             for (int m = 16; m > 0; m >>= 1)
-                c = add2(c, shfl_xor2(c, m));
+                c = O::add(c, O::shfl_xor(c, m));
             if (lane == 0)
                 for (int k = w; k < CL; k += NW)
-                    st_async_peer2(tot + rank, c, &cr->bar[b], (uint32_t)k);
+                    O::st_async(tot + rank, c, &cr->bar[b], (uint32_t)k);
         }
-        mbar_wait(&cr->bar[b], (uint32_t)((par2 / LNORM__CRB) & 1));
-        float2 v = lane < CL ? tot[lane] : make_float2(0.0f, 0.0f);
+        mbar_wait(&cr->bar[b], (uint32_t)((parv / LNORM__CRB) & 1));
+        V v = lane < CL ? tot[lane] : O::zero();
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
-            v = add2(v, shfl_xor2(v, m));
+            v = O::add(v, O::shfl_xor(v, m));
         x = v;
     } else if constexpr (CL > 1) {
         static_assert(TPR == BLOCK, "a cluster tier holds one row per CTA");
         constexpr int NW = BLOCK / 32;
-        ClusterRed2<CL, NW> *cr = static_cast<ClusterRed2<CL, NW> *>(crv);
-        const int b = par2 % LNORM__CRB;
+        ClusterRedV<CL, NW, V> *cr = static_cast<ClusterRedV<CL, NW, V> *>(crv);
+        const int b = parv % LNORM__CRB;
         const int lane = (int)(threadIdx.x & 31);
         if (threadIdx.x == 0)
-            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(float2)));
+            mbar_arrive_expect_tx(&cr->bar[b], (uint32_t)(CL * NW * sizeof(V)));
         if (lane < CL)
-            st_async_peer2(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
-        mbar_wait(&cr->bar[b], (uint32_t)((par2 / LNORM__CRB) & 1));
-        float2 v = make_float2(0.0f, 0.0f);
+            O::st_async(&cr->slot[b][rank][threadIdx.x / 32], x, &cr->bar[b], (uint32_t)lane);
+        mbar_wait(&cr->bar[b], (uint32_t)((parv / LNORM__CRB) & 1));
+        V v = O::zero();
 #pragma unroll
         for (int i = 0; i < (CL * NW + 31) / 32; i++)
             if (i * 32 + lane < CL * NW)
-                v = add2(v, (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane]);
+                v = O::add(v, (&cr->slot[0][0][0])[b * CL * NW + i * 32 + lane]);
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1)
-            v = add2(v, shfl_xor2(v, m));
+            v = O::add(v, O::shfl_xor(v, m));
         x = v;
     } else if constexpr (TPR > 32) {
         constexpr int WPG = TPR / 32;
         if ((threadIdx.x & 31) == 0)
-            red2[par2 & 1][threadIdx.x / 32] = x;
+            redv[parv & 1][threadIdx.x / 32] = x;
         __syncthreads();
         const int w0 = (int)(threadIdx.x / TPR) * WPG;
         if constexpr (TPR >= 1024) {
-            x = red2[par2 & 1][w0 + (int)(threadIdx.x & (WPG - 1))];
+            x = redv[parv & 1][w0 + (int)(threadIdx.x & (WPG - 1))];
 #pragma unroll
             for (int m = WPG / 2; m > 0; m >>= 1)
-                x = add2(x, shfl_xor2(x, m));
+                x = O::add(x, O::shfl_xor(x, m));
         } else {
-            x = make_float2(0.0f, 0.0f);
+            x = O::zero();
 #pragma unroll
             for (int i = 0; i < WPG; i++)
-                x = add2(x, red2[par2 & 1][w0 + i]);
+                x = O::add(x, redv[parv & 1][w0 + i]);
         }
     }
     return x;

@@ -73,6 +73,7 @@ int lnorm__fast_aligned = LNORM__INIT_FAST_ALIGNED;
 int lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
 int lnorm__bwd_grid = 0; /* lnorm_cuda_bwd_impl.h */
 int64_t lnorm__bwd_wide_min = 0; /* lnorm_cuda_bwd_impl.h */
+int lnorm__bwd_pair = LNORM__INIT_BWD_PAIR; /* lnorm_cuda_bwd_impl.h */
 long lnorm__al_launches = 0;
 long lnorm__rr_launches = 0;
 long lnorm__bulk_launches = 0;
@@ -108,6 +109,7 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__fast_reread = LNORM__INIT_FAST_REREAD;
         lnorm__bwd_grid = 0;
         lnorm__bwd_wide_min = 0;
+        lnorm__bwd_pair = LNORM__INIT_BWD_PAIR;
     } else if (!strcmp(name, "bulk") && value >= 0 && value <= 2)
         lnorm__bulk_enabled = value;
     else if (!strcmp(name, "bulk_stages") && value >= 0 && value <= 8)
@@ -126,6 +128,8 @@ int lnorm_cuda_set_tuning(const char *name, int value)
         lnorm__bwd_grid = value;
     else if (!strcmp(name, "bwd_wide") && value >= 0)
         lnorm__bwd_wide_min = value;
+    else if (!strcmp(name, "bwd_pair") && value >= 0 && value <= 2)
+        lnorm__bwd_pair = value;
     else
         return LNORM_EINVAL;
     return LNORM_OK;

@@ -14,7 +14,11 @@
  *   - a batch: one launch per (dtype, tier, form) group, every segment in
  *     exactly one, groups numbered from 0 in each launch, partials inside
  *     the scratch and apart, the fast form only for segments that qualify,
- *     one reduction over every column block, lnorm_cuda_bwd_launch_count.
+ *     one reduction over every column block, lnorm_cuda_bwd_launch_count;
+ *   - rows two at a time (s->pair): the fast form with the statistics
+ *     given and eps inside, in every register tier, for 16-bit x by
+ *     default, f32 too or nothing with "bwd_pair" 2 or 0, never in the
+ *     wide tier; set in the segment table the kernels read.
  * test_gpu_bwd checks the kernels on a device.
  */
 #include "check.h"
@@ -23,6 +27,7 @@
 #include <stdio.h>
 
 int64_t lnorm__bwd_wide_min = 0; /* lnorm_cuda_run.c's, set here directly */
+int lnorm__bwd_pair = LNORM__INIT_BWD_PAIR;
 
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
@@ -284,10 +289,68 @@ static void check_batch(void)
     free(scr);
 }
 
+static void check_pair(void)
+{
+    float st[4] = {0};
+    lnorm_bwd_segment s = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 100, 8192, 1);
+    s.rstd = s.mean = st;
+    CHECK(lnorm__bwd_pair_ok(&s), "LayerNorm bf16 8192, statistics given: rows two at a time");
+    s.hidden = 8;
+    CHECK(lnorm__bwd_pair_ok(&s), "bf16 8 (a thread a row): rows two at a time");
+    lnorm_bwd_segment f = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 100, 4096, 1);
+    f.rstd = f.mean = st;
+    CHECK(!lnorm__bwd_pair_ok(&f), "f32: one row at a time by default");
+    lnorm_bwd_segment h = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F16, 100, 4096, 1);
+    h.rstd = h.mean = st;
+    CHECK(lnorm__bwd_pair_ok(&h), "f16: rows two at a time");
+    lnorm__bwd_pair = 2;
+    CHECK(lnorm__bwd_pair_ok(&f), "bwd_pair 2: f32 too");
+    s.hidden = 300000;
+    f.hidden = 300000;
+    CHECK(!lnorm__bwd_pair_ok(&s) && !lnorm__bwd_pair_ok(&f), "never in the wide tier");
+    s.hidden = 8192;
+    s.mean = NULL;
+    CHECK(!lnorm__bwd_pair_ok(&s), "LayerNorm without the mean: statistics recomputed, one row at a time");
+    s.op = LNORM_OP_RMSNORM;
+    CHECK(lnorm__bwd_pair_ok(&s), "RMSNorm with rstd alone");
+    s.eps_mode = LNORM_EPS_OUTSIDE;
+    CHECK(!lnorm__bwd_pair_ok(&s), "eps outside (sigma recomputed): one row at a time");
+    s.eps_mode = LNORM_EPS_INSIDE;
+    s.rstd = NULL;
+    CHECK(!lnorm__bwd_pair_ok(&s), "no rstd: one row at a time");
+    s.rstd = st;
+    lnorm_bwd_segment m = seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 100, 8192, 0);
+    m.rstd = st;
+    CHECK(!lnorm__bwd_pair_ok(&m), "the general form: one row at a time");
+    lnorm__bwd_pair = 0;
+    CHECK(!lnorm__bwd_pair_ok(&s), "bwd_pair 0: nowhere");
+    lnorm__bwd_pair = LNORM__INIT_BWD_PAIR;
+    /* the rule reaches the table the kernels read */
+    lnorm_bwd_segment two[2] = {s, seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 100, 8192, 1)};
+    lnorm_bwd_batch b = {two, 2};
+    const size_t need = lnorm_cuda_bwd_scratch_bytes(&b);
+    unsigned char *scr = malloc(need);
+    const char *why = NULL;
+    g_nrec = 0;
+    CHECK_EQ_INT(lnorm_cuda_run_bwd(&b, NULL, scr, need, &why), LNORM_OK, "pair batch: %s", why ? why : "");
+    int npair = 0, nsingle = 0;
+    for (int l = 0; l < g_nrec; l++)
+        for (int i = 0; !g_rec[l].reduce && i < g_rec[l].nsegs; i++) {
+            const int given = g_rec[l].segs[i].rstd != NULL;
+            CHECK(g_rec[l].segs[i].pair == given, "segment with%s rstd: pair %d", given ? "" : "out",
+                  g_rec[l].segs[i].pair);
+            npair += given;
+            nsingle += !given;
+        }
+    CHECK(npair == 1 && nsingle == 1, "pair batch: %d, %d", npair, nsingle);
+    free(scr);
+}
+
 int main(void)
 {
     check_tiers();
     check_groups();
     check_batch();
+    check_pair();
     return check_finish("gpu.cuda_bwd_host");
 }

@@ -335,9 +335,13 @@ static void variants(void)
     CHECK(!lnorm_cuda_set_tuning("fast_reread", 2), "fast_reread 2 must be accepted");
     CHECK(!lnorm_cuda_set_tuning("bulk_stages", 2) && !lnorm_cuda_set_tuning("bulk_ctas", 3) &&
               !lnorm_cuda_set_tuning("fast_grid", 2) && !lnorm_cuda_set_tuning("bwd_grid", 5) &&
-              !lnorm_cuda_set_tuning("bwd_wide", 4096),
+              !lnorm_cuda_set_tuning("bwd_wide", 4096) && !lnorm_cuda_set_tuning("bwd_pair", 2),
           "settings must be taken");
-    CHECK(lnorm__bwd_grid == 5 && lnorm__bwd_wide_min == 4096, "bwd_grid 5, bwd_wide 4096");
+    CHECK(lnorm__bwd_grid == 5 && lnorm__bwd_wide_min == 4096 && lnorm__bwd_pair == 2,
+          "bwd_grid 5, bwd_wide 4096, bwd_pair 2");
+    CHECK(lnorm_cuda_set_tuning("bwd_pair", 3) == LNORM_EINVAL &&
+              lnorm_cuda_set_tuning("bwd_pair", -1) == LNORM_EINVAL && lnorm__bwd_pair == 2,
+          "bwd_pair 3 and -1 must be refused and change nothing");
     CHECK(lnorm_cuda_set_tuning("bwd_wide", -1) == LNORM_EINVAL && lnorm__bwd_wide_min == 4096,
           "bwd_wide -1 must be refused and change nothing");
     CHECK(lnorm_cuda_set_tuning("no_such_setting", 1) == LNORM_EINVAL, "an unknown name must be refused");
@@ -345,7 +349,7 @@ static void variants(void)
     CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK, "defaults 0 must be accepted");
     CHECK(lnorm__bulk_enabled == 1 && lnorm__fast_aligned == 1 && lnorm__bulk_stages_override == 0 &&
               lnorm__bulk_ctas_override == 0 && lnorm__fast_grid == 0 && lnorm__fast_reread == 1 &&
-              lnorm__bwd_grid == 0 && lnorm__bwd_wide_min == 0,
+              lnorm__bwd_grid == 0 && lnorm__bwd_wide_min == 0 && lnorm__bwd_pair == LNORM__INIT_BWD_PAIR,
           "defaults: a setting was kept");
     const lnorm_segment al = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
     CHECK((variant_of(&al) & (LNORM__FAST_AL | LNORM__FAST_BULK)) == LNORM__FAST_AL,

@@ -13,11 +13,14 @@
  *     and recomputed; a NaN row (that row's dx NaN, the others right).
  *  3. The wide tier at every length ("bwd_wide" 1): sizes from 1 to 65536,
  *     options rotating, random and edge rows.
- *  4. Determinism: dx, dgamma and dbeta bit-identical for a segment run
+ *  4. Rows two at a time for every dtype in every register tier
+ *     ("bwd_pair" 2).
+ *  5. Determinism: dx, dgamma and dbeta bit-identical for a segment run
  *     alone, inside a many-segment batch of mixed dtypes and tiers, and
  *     with the main launches' grid cut to a few CTAs ("bwd_grid": the SM
- *     count and the grid never change the bits).
- *  5. Bad input: EINVAL and nothing written (scratch too small, invalid
+ *     count and the grid never change the bits), with rows two at a time
+ *     nowhere and everywhere ("bwd_pair" 0 and 2).
+ *  6. Bad input: EINVAL and nothing written (scratch too small, invalid
  *     segments).
  * Usage: test_gpu_bwd  (needs a GPU: exits 1, never "passes", without one)
  */
@@ -602,8 +605,38 @@ static void part_wide(void)
     lnorm_cuda_set_tuning("defaults", 0);
 }
 
+/* Rows two at a time ("bwd_pair" 2: every dtype, every register tier's
+ * fast form with the statistics given): odd and even row counts (a last
+ * pair of one row), several rows a CTA below 512 threads a row, random and
+ * edge rows. */
+static void part_pair(void)
+{
+    static const int64_t hs[] = {8, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536, 131072};
+    static const int64_t rows[] = {1, 2, 37, 300};
+    CHECK(lnorm_cuda_set_tuning("bwd_pair", 2) == LNORM_OK, "bwd_pair");
+    int n = 0;
+    for (int op = 1; op <= 2; op++)
+        for (int di = 0; di < 3; di++)
+            for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++)
+                for (int k = 0; k < 2; k++) {
+                    const int i = n++;
+                    const int o = O_STATS | (i % 3 ? O_GAMMA : 0) | (i % 3 == 2 ? O_GF32 : 0) |
+                                  (i % 4 == 1 ? O_PAD : 0) | (i % 7 == 3 ? O_NODB : 0);
+                    int kind = ROWS_RANDOM;
+                    if (k == 1)
+                        kind = ROWS_CONST + i % (ROWS_NAN - ROWS_CONST + 1);
+                    if ((kind == ROWS_HUGE || kind == ROWS_TINY) && dts[di] == LNORM_DTYPE_F16)
+                        kind = ROWS_RANDOM; /* f16 holds neither */
+                    const int64_t r = hs[hi] >= 65536 ? rows[i % 3] : rows[i % 4];
+                    bcase c;
+                    one_case(&c, op, dts[di], r, hs[hi], o, kind);
+                    bcase_free(&c);
+                }
+    lnorm_cuda_set_tuning("defaults", 0);
+}
+
 /* Bit-identical outputs: alone, in a batch of many segments, with the grid
- * cut to a few CTAs. */
+ * cut to a few CTAs, with rows two at a time nowhere and everywhere. */
 static int same_outputs(const bcase *a, const bcase *b)
 {
     const size_t os = lnorm_dtype_size(a->s.dx_dtype);
@@ -634,18 +667,23 @@ static void part_invariance(void)
         again[i].dgamma = alone[i].dgamma ? xmalloc((size_t)H * 4) : NULL;
         again[i].dbeta = alone[i].dbeta ? xmalloc((size_t)H * 4) : NULL;
     }
-    for (int round = 0; round < 3; round++) {
+    for (int round = 0; round < 5; round++) {
         /* 0: every segment in one batch; 1: the same with bwd_grid 3;
-         * 2: alone with bwd_grid 1 */
-        if (round >= 1)
+         * 2: alone with bwd_grid 1; 3, 4: in one batch with bwd_pair 0
+         * and 2 (bwd_grid 2) */
+        if (round >= 1 && round <= 2)
             CHECK(lnorm_cuda_set_tuning("bwd_grid", round == 1 ? 3 : 1) == LNORM_OK, "bwd_grid");
+        if (round >= 3) {
+            CHECK(lnorm_cuda_set_tuning("bwd_pair", round == 3 ? 0 : 2) == LNORM_OK, "bwd_pair");
+            CHECK(lnorm_cuda_set_tuning("bwd_grid", round == 3 ? 0 : 2) == LNORM_OK, "bwd_grid");
+        }
         for (int i = 0; i < NS; i++) {
             dcase_make(&dev[i], &again[i]);
             segs[i] = dev[i].s;
         }
         const char *why = "";
         int rc = LNORM_OK;
-        if (round < 2) {
+        if (round != 2) {
             lnorm_bwd_batch b = {segs, NS};
             CHECK(lnorm_cuda_bwd_launch_count(&b) >= 2, "launch count %d", lnorm_cuda_bwd_launch_count(&b));
             rc = run_batch(segs, NS, &why);
@@ -736,6 +774,9 @@ int main(void)
     fflush(stdout);
     part_wide();
     printf("wide tier throughout: %ld cases in all\n", g_cases);
+    fflush(stdout);
+    part_pair();
+    printf("rows two at a time throughout: %ld cases in all\n", g_cases);
     fflush(stdout);
     part_invariance();
     printf("invariance: done (%ld cases in all)\n", g_cases);
