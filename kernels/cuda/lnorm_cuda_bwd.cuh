@@ -223,6 +223,25 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
 #pragma unroll
         for (int q = 0; q < 2 * NQ; q++)
             acc[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        /* chunk j's dgamma and dbeta terms, dy * xhat and dy, into the
+         * accumulators */
+        auto add_terms = [&](int j, const float (&xh)[VEC], const float (&dy)[VEC]) {
+#pragma unroll
+            for (int k4 = 0; k4 < VEC; k4 += 4) {
+                const int q = (j * VEC + k4) / 4;
+                float4 vg = acc[q], vb = acc[NQ + q];
+                vg.x = __fmaf_rn(dy[k4], xh[k4], vg.x);
+                vg.y = __fmaf_rn(dy[k4 + 1], xh[k4 + 1], vg.y);
+                vg.z = __fmaf_rn(dy[k4 + 2], xh[k4 + 2], vg.z);
+                vg.w = __fmaf_rn(dy[k4 + 3], xh[k4 + 3], vg.w);
+                vb.x = __fadd_rn(vb.x, dy[k4]);
+                vb.y = __fadd_rn(vb.y, dy[k4 + 1]);
+                vb.z = __fadd_rn(vb.z, dy[k4 + 2]);
+                vb.w = __fadd_rn(vb.w, dy[k4 + 3]);
+                acc[q] = vg;
+                acc[NQ + q] = vb;
+            }
+        };
         uint4 xn[NCH], dn[NCH];
         /* The row's chunks: FAST, copied into the stage st by cp.async
          * (whole aligned chunks, those past H zero-filled), else loaded
@@ -323,21 +342,7 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                         if (active) {
 #pragma unroll
                             for (int j = 0; j < NCH; j++)
-#pragma unroll
-                                for (int k4 = 0; k4 < VEC; k4 += 4) {
-                                    const int q = (j * VEC + k4) / 4;
-                                    float4 vg = acc[q], vb = acc[NQ + q];
-                                    vg.x = __fmaf_rn(dyf[j][k4], xf[j][k4], vg.x);
-                                    vg.y = __fmaf_rn(dyf[j][k4 + 1], xf[j][k4 + 1], vg.y);
-                                    vg.z = __fmaf_rn(dyf[j][k4 + 2], xf[j][k4 + 2], vg.z);
-                                    vg.w = __fmaf_rn(dyf[j][k4 + 3], xf[j][k4 + 3], vg.w);
-                                    vb.x = __fadd_rn(vb.x, dyf[j][k4]);
-                                    vb.y = __fadd_rn(vb.y, dyf[j][k4 + 1]);
-                                    vb.z = __fadd_rn(vb.z, dyf[j][k4 + 2]);
-                                    vb.w = __fadd_rn(vb.w, dyf[j][k4 + 3]);
-                                    acc[q] = vg;
-                                    acc[NQ + q] = vb;
-                                }
+                                add_terms(j, xf[j], dyf[j]);
                         }
                         float a = 0.0f, b = 0.0f;
 #pragma unroll
@@ -529,23 +534,8 @@ __global__ void __launch_bounds__(BwdShape<TPR>::block, BwdShape<TPR>::min_block
                 for (int k = 0; k < VEC; k++) {
                     xf[j][k] = __fmul_rn(__fsub_rn(__fsub_rn(xf[j][k], c1), c2), rstd);
                 }
-                if (active) {
-#pragma unroll
-                    for (int k4 = 0; k4 < VEC; k4 += 4) {
-                        const int q = (j * VEC + k4) / 4;
-                        float4 vg = acc[q], vb = acc[NQ + q];
-                        vg.x = __fmaf_rn(dyf[j][k4], xf[j][k4], vg.x);
-                        vg.y = __fmaf_rn(dyf[j][k4 + 1], xf[j][k4 + 1], vg.y);
-                        vg.z = __fmaf_rn(dyf[j][k4 + 2], xf[j][k4 + 2], vg.z);
-                        vg.w = __fmaf_rn(dyf[j][k4 + 3], xf[j][k4 + 3], vg.w);
-                        vb.x = __fadd_rn(vb.x, dyf[j][k4]);
-                        vb.y = __fadd_rn(vb.y, dyf[j][k4 + 1]);
-                        vb.z = __fadd_rn(vb.z, dyf[j][k4 + 2]);
-                        vb.w = __fadd_rn(vb.w, dyf[j][k4 + 3]);
-                        acc[q] = vg;
-                        acc[NQ + q] = vb;
-                    }
-                }
+                if (active)
+                    add_terms(j, xf[j], dyf[j]);
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     dyf[j][k] = __fmul_rn(dyf[j][k], gm[k]);
