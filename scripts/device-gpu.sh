@@ -5,7 +5,8 @@
 #   1. tests/gpu/test_gpu            (full matrix vs float64, GPU vs CPU, invariance)
 #      tests/gpu/test_backend_cuda   (lnormd's CUDA backend: concurrent jobs, slots)
 #      tests/gpu/test_gpu_bwd        (backward: matrix vs float64, edges, bit-identical dgamma/dbeta)
-#   2. compute-sanitizer memcheck on test_gpu --quick, racecheck on --defer
+#   2. compute-sanitizer memcheck on test_gpu --quick, racecheck on --defer;
+#      memcheck on test_gpu_bwd, racecheck on test_gpu_bwd --pair
 #   3. the Triton seed kernel's correctness test
 #   4. bench/kernels.py              (lnormd vs torch eager / compile / Triton seed)
 # Logs, JSON and PNG go to $OUT (default ./device-out); summary.txt lists
@@ -57,7 +58,12 @@ case ",$STEPS," in *,san,*)
   # racecheck over --quick runs past 400 s since the forward's deferral
   # lists; --defer takes those lists alone (about 170 s on an H200).
   step racecheck 280 "$OUT/sanitizer-racecheck.tmp" compute-sanitizer --tool racecheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --defer
-  cat "$OUT/sanitizer-memcheck.tmp" "$OUT/sanitizer-racecheck.tmp" >"$OUT/sanitizer.log"
+  # The backward: memcheck over all of test_gpu_bwd (about 100 s), racecheck
+  # over its rows-two-at-a-time part (about 110 s).
+  step memcheck-bwd 240 "$OUT/sanitizer-memcheck-bwd.tmp" compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/gpu/test_gpu_bwd"
+  step racecheck-bwd 240 "$OUT/sanitizer-racecheck-bwd.tmp" compute-sanitizer --tool racecheck --error-exitcode 9 "$B/tests/gpu/test_gpu_bwd" --pair
+  cat "$OUT"/sanitizer-memcheck.tmp "$OUT"/sanitizer-racecheck.tmp "$OUT"/sanitizer-memcheck-bwd.tmp \
+    "$OUT"/sanitizer-racecheck-bwd.tmp >"$OUT/sanitizer.log"
   rm -f "$OUT"/sanitizer-*.tmp ;;
 esac
 case ",$STEPS," in *,triton,*)

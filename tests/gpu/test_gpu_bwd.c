@@ -22,7 +22,9 @@
  *     nowhere and everywhere ("bwd_pair" 0 and 2).
  *  6. Bad input: EINVAL and nothing written (scratch too small, invalid
  *     segments).
- * Usage: test_gpu_bwd  (needs a GPU: exits 1, never "passes", without one)
+ * Usage: test_gpu_bwd [--pair]  (needs a GPU: exits 1, never "passes",
+ * without one). --pair: part 4 alone (for compute-sanitizer, whose full
+ * run of every part takes too long).
  */
 #include <math.h>
 #include <stdio.h>
@@ -757,8 +759,17 @@ static void part_bad_input(void)
     bcase_free(&c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int pair_only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--pair")) {
+            pair_only = 1;
+        } else {
+            fprintf(stderr, "usage: test_gpu_bwd [--pair]\n");
+            return 2;
+        }
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         fprintf(stderr, "FAIL: no usable CUDA device\n");
@@ -766,6 +777,11 @@ int main(void)
     }
     const uint64_t seed = lnorm_test_seed(0xb4c0ffeeULL);
     lnorm_rng_seed(&g_rng, seed);
+    if (pair_only) {
+        part_pair();
+        printf("rows two at a time: %ld cases\n", g_cases);
+        return check_finish("gpu.bwd --pair");
+    }
     part_matrix();
     printf("matrix: %ld cases\n", g_cases);
     fflush(stdout);
