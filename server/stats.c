@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+#include <malloc.h>
+#define LNORM__HAVE_MALLINFO2 1
+#endif
 
 #include "backend.h"
 #include "stats.h"
@@ -268,6 +272,14 @@ int lnorm__stats_render(lnorm__stats *s, const char *backend, char **out, size_t
     lnorm__render_hist(&b, &s->compute_seconds);
     int nlev = atomic_load(&s->priority_levels);
     lnorm__render_levels(&b, s, nlev < 1 ? 1 : nlev > LNORM__MAX_PRIORITY ? LNORM__MAX_PRIORITY : nlev);
+#ifdef LNORM__HAVE_MALLINFO2
+    /* In use = arena bytes handed out + mmapped blocks: what a leak raises,
+     * unlike RSS, which also holds the allocator's free and fragmented pages. */
+    struct mallinfo2 mi = mallinfo2();
+    lnorm__render_counter(&b, "lnormd_heap_bytes", "gauge",
+                          "Bytes malloc has handed out and not had back (glibc mallinfo2: uordblks + hblkhd).",
+                          (unsigned long long)(mi.uordblks + mi.hblkhd));
+#endif
     lnorm__sb_printf(&b, "# HELP lnormd_uptime_seconds Seconds since start.\n# TYPE lnormd_uptime_seconds gauge\nlnormd_uptime_seconds %.3f\n",
                      (double)(lnorm__now_ns() - s->start_ns) / 1e9);
     lnorm__sb_printf(&b, "# HELP lnormd_info Build and backend.\n# TYPE lnormd_info gauge\nlnormd_info{version=\"%s\",backend=\"%s\"} 1\n",

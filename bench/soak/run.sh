@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long soak: lnormd under full load from several clients (tcp and ipc)
-# for SECONDS (default 300), zero errors allowed, RSS growth after warm-up
-# under 5%. Builds lnormd and the soak driver (tests/fault/test_soak.c) in
+# for SECONDS (default 300): zero errors, no growth of the heap in use
+# between the idle points after warm-up and at the end, bounded RSS (the
+# checks are tests/fault/test_soak.c's). Builds lnormd and that driver in
 # build-rel, and writes bench/results/soak.json (with device, date, commit).
 #
 #   bench/soak/run.sh [SECONDS] [CLIENTS_PER_URL]
