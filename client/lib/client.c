@@ -384,6 +384,17 @@ static void keeper(void *arg)
             break;
         if (c->closing || n || np || held)
             continue;
+        /* Look again, under the lock, at what may have come since this
+         * round looked (a hold, a held request, a closed connection: their
+         * wakes found no one waiting), before waiting for the next. */
+        int pending = c->held_slots != NULL || c->nclose > 0;
+        idle = 0;
+        for (size_t i = 0; i < c->ndials; i++) {
+            pending |= c->dials[i].close_now;
+            idle |= c->dials[i].held || c->dials[i].npipes == 0;
+        }
+        if (pending)
+            continue;
         if (idle)
             nng_cv_until(c->keeper_cv, nng_clock() + 100);
         else
