@@ -80,11 +80,25 @@ static void ensure_exit_handler(void)
     }
 }
 
+static const char *volatile g_watch_note; /* td_watchdog_note */
+
+void td_watchdog_note(const char *where)
+{
+    g_watch_note = where;
+}
+
 static void on_alarm(int sig)
 {
     (void)sig;
     static const char msg[] = "FAIL: watchdog expired, killing lnormd\n";
     ssize_t w = write(2, msg, sizeof msg - 1);
+    const char *note = g_watch_note;
+    if (note) {
+        static const char at[] = "FAIL: the test was at: ";
+        w = write(2, at, sizeof at - 1);
+        w = write(2, note, strlen(note));
+        w = write(2, "\n", 1);
+    }
     (void)w;
     for (int i = 0; i < g_nstarted; i++)
         if (g_started[i].pid > 0)

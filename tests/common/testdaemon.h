@@ -116,6 +116,10 @@ int td_run(const char *lnormd, const char *const *args, char *out, size_t outlen
 /* After secs, kill every daemon and exit 1 (a test that hangs). */
 void td_watchdog(int secs);
 
+/* What the test is doing now (a string that outlives the test, or NULL),
+ * printed by the watchdog when it fires. */
+void td_watchdog_note(const char *where);
+
 /* A test's arguments: argc must be nargs (argv[0] included), else
  * "usage: PROG USAGE" goes to stderr. 1 when they are right, else 0 (the
  * test then exits 2). */

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "check.h"
 #include "lnorm/lnorm.h"
@@ -48,6 +49,7 @@ typedef struct worker {
     int idx;
     lnorm_client *own; /* NULL: the shared client */
     long ok, failed, wrong;
+    atomic_llong busy_since; /* td_now_ms() when its call began, 0 between calls */
     char problem[400];
 } worker;
 
@@ -93,7 +95,9 @@ static void *work(void *arg)
         q.gamma = s->gamma, q.beta = s->beta;
         q.y = s->y, q.mean = s->mean, q.rstd = s->rstd;
         lnorm_result res;
+        atomic_store(&w->busy_since, (long long)td_now_ms());
         int rv = lnorm_normalize(c, &q, &res);
+        atomic_store(&w->busy_since, 0);
         if (rv != LNORM_OK) {
             w->failed++;
             fail_once(w, "normalize", rv, &res);
@@ -170,17 +174,54 @@ int main(int argc, char **argv)
     printf("stopping the load\n");
     fflush(stdout);
     atomic_store(&g_stop, 1);
+    /* Each thread ends its call in progress, which the client bounds (a
+     * send of at most 20 s, a reply within 20 s of it): a call past that
+     * is a hang, named here rather than by the watchdog. */
+    td_watchdog_note("joining the load threads");
+    const int64_t join_by = td_now_ms() + 50000;
+    int hung = 0;
+    for (int i = 0; i < NSHARED + NOWN; i++) {
+        int64_t left = join_by - td_now_ms();
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += (left > 0 ? left : 0) / 1000 + 1;
+        if (pthread_timedjoin_np(th[i], NULL, &until) != 0) {
+            const long long since = atomic_load(&ws[i].busy_since);
+            CHECK_FAIL("load thread %d (%s client) still in a call after %lld ms (%ld ok before it)", i,
+                       i < NSHARED ? "the shared" : "its own", since ? (long long)td_now_ms() - since : -1LL,
+                       ws[i].ok);
+            hung = 1;
+        }
+    }
+    if (hung) {
+        for (int i = 0; i < NDAEMONS; i++)
+            td_stop(&d[i], SIGKILL, 5000);
+        return check_finish("fault.multi_daemon"); /* (the clients stay open: a call holds them) */
+    }
     long ok = 0, failed = 0, wrong = 0;
     for (int i = 0; i < NSHARED + NOWN; i++) {
-        pthread_join(th[i], NULL);
         ok += ws[i].ok;
         failed += ws[i].failed;
         wrong += ws[i].wrong;
         if (ws[i].problem[0])
             fprintf(stderr, "thread %d: %s\n", i, ws[i].problem);
-        lnorm_client_close(ws[i].own);
     }
-    lnorm_client_close(g_shared);
+    /* Closing a client lets replies due arrive for a bounded time, then
+     * closes its socket: seconds at most. */
+    static char close_notes[NOWN + 1][64];
+    for (int i = 0; i <= NOWN; i++) {
+        lnorm_client *cl = i < NOWN ? ws[NSHARED + i].own : g_shared;
+        if (i < NOWN)
+            snprintf(close_notes[i], sizeof close_notes[i], "closing the client of load thread %d", NSHARED + i);
+        else
+            snprintf(close_notes[i], sizeof close_notes[i], "closing the shared client");
+        td_watchdog_note(close_notes[i]);
+        const int64_t t0 = td_now_ms();
+        lnorm_client_close(cl);
+        const int64_t took = td_now_ms() - t0;
+        CHECK(took < 10000, "%s took %lld ms", close_notes[i], (long long)took);
+    }
+    td_watchdog_note(NULL);
     printf("multi_daemon: %ld calls ok, %ld failed, %ld wrong; normalize_ok before the faults A %g B %g C %g; "
            "C %g at B's drain, %g at the end; after the restart A %g B %g\n",
            ok, failed, wrong, before[0], before[1], before[2], c_mid, after[2], after[0], after[1]);
