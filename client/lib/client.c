@@ -330,13 +330,11 @@ static void keeper(void *arg)
         nng_dialer old[64];
         int redial[64];
         size_t n = 0;
-        int idle = 0;
         for (size_t i = 0; i < c->ndials && n < 64; i++) {
             lnorm__dial *d = &c->dials[i];
             int close_now = d->close_now;
             int again = d->held ? now >= d->held_until
                                 : d->npipes == 0 && now - d->idle_since >= (nng_time)c->redial_ms;
-            idle |= d->held || d->npipes == 0;
             if (!close_now && !again)
                 continue;
             nng_dialer none = NNG_DIALER_INITIALIZER;
@@ -387,8 +385,7 @@ static void keeper(void *arg)
         /* Look again, under the lock, at what may have come since this
          * round looked (a hold, a held request, a closed connection: their
          * wakes found no one waiting), before waiting for the next. */
-        int pending = c->held_slots != NULL || c->nclose > 0;
-        idle = 0;
+        int pending = c->held_slots != NULL || c->nclose > 0, idle = 0;
         for (size_t i = 0; i < c->ndials; i++) {
             pending |= c->dials[i].close_now;
             idle |= c->dials[i].held || c->dials[i].npipes == 0;
