@@ -61,8 +61,10 @@ static void stop_add(fl_load **a, fl_load **b, fl_stats *tot)
  * (10 s at most), or -1 when the metric is absent. */
 static double heap_when_idle(const td_daemon *d)
 {
-    CHECK(td_wait_metric(d, "lnormd_connections", 0, 10000) == 0, "connections still open 10 s after the clients closed");
-    CHECK(td_wait_metric(d, "lnormd_requests_in_flight", 0, 10000) == 0, "requests still in flight 10 s after the clients closed");
+    CHECK(td_wait_metric(d, "lnormd_connections", 0, 10000) == 0,
+          "connections still open 10 s after the clients closed");
+    CHECK(td_wait_metric(d, "lnormd_requests_in_flight", 0, 10000) == 0,
+          "requests still in flight 10 s after the clients closed");
     return td_metric(d, "lnormd_heap_bytes");
 }
 
