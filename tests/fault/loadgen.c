@@ -116,19 +116,24 @@ fl_load *fl_start(const char *url, int nclients, uint64_t rows, uint64_t hidden,
     return l;
 }
 
+void fl_stats_add(fl_stats *tot, const fl_stats *s)
+{
+    tot->ok += s->ok;
+    tot->wrong += s->wrong;
+    tot->failed += s->failed;
+    if (s->max_ms > tot->max_ms)
+        tot->max_ms = s->max_ms;
+    if (!tot->first_problem[0] && s->first_problem[0])
+        snprintf(tot->first_problem, sizeof tot->first_problem, "%s", s->first_problem);
+}
+
 static void sum(fl_load *l, fl_stats *out)
 {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < l->n; i++) {
         fl_client *c = &l->c[i];
         pthread_mutex_lock(&c->mu);
-        out->ok += c->st.ok;
-        out->wrong += c->st.wrong;
-        out->failed += c->st.failed;
-        if (c->st.max_ms > out->max_ms)
-            out->max_ms = c->st.max_ms;
-        if (!out->first_problem[0] && c->st.first_problem[0])
-            snprintf(out->first_problem, sizeof out->first_problem, "%s", c->st.first_problem);
+        fl_stats_add(out, &c->st);
         pthread_mutex_unlock(&c->mu);
     }
 }

@@ -27,6 +27,10 @@ fl_load *fl_start(const char *url, int nclients, uint64_t rows, uint64_t hidden,
 /* A snapshot of the totals so far. */
 void fl_peek(fl_load *l, fl_stats *out);
 
+/* Add the totals s to *tot (the slowest exchange and the first problem
+ * kept). */
+void fl_stats_add(fl_stats *tot, const fl_stats *s);
+
 /* Stop the threads (each finishes its exchange in progress), join, free,
  * and give the totals. */
 void fl_stop(fl_load *l, fl_stats *out);

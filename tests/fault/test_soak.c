@@ -46,13 +46,7 @@ static void stop_add(fl_load **a, fl_load **b, fl_stats *tot)
             continue;
         fl_stats s;
         fl_stop(l[i], &s);
-        tot->ok += s.ok;
-        tot->wrong += s.wrong;
-        tot->failed += s.failed;
-        if (s.max_ms > tot->max_ms)
-            tot->max_ms = s.max_ms;
-        if (!tot->first_problem[0] && s.first_problem[0])
-            snprintf(tot->first_problem, sizeof tot->first_problem, "%s", s.first_problem);
+        fl_stats_add(tot, &s);
     }
     *a = *b = NULL;
 }
@@ -123,11 +117,13 @@ int main(int argc, char **argv)
         }
         rss_end = r;
         if (td_now_ms() >= next_report && a && b) {
-            fl_stats sa, sb;
+            fl_stats now = tot, sa, sb;
             fl_peek(a, &sa);
             fl_peek(b, &sb);
+            fl_stats_add(&now, &sa);
+            fl_stats_add(&now, &sb);
             printf("soak: t=%3llds ok %ld errors %ld rss %ld KiB\n", (long long)((td_now_ms() - t0) / 1000),
-                   tot.ok + sa.ok + sb.ok, tot.wrong + tot.failed + sa.wrong + sa.failed + sb.wrong + sb.failed, r);
+                   now.ok, now.wrong + now.failed, r);
             next_report += 5000;
         }
     }
