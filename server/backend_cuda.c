@@ -464,13 +464,12 @@ static int lnorm__cuda_enqueue(lnorm__cuda_be *be, lnorm__cuda_slot *sl, lnorm__
             return LNORM_EINVAL;
         }
         /* Every pointer is already memory of this GPU: the kernels run
-         * where the tensors lie, on the slot's stream, so that one job's
-         * launch overlaps the reply and the next request of another. */
-        for (size_t i = 0; i < b->nsegs; i++) {
-            int rc = lnorm_cuda_run_segment(&b->segs[i], sl->stream, &sl->why);
-            if (rc)
-                return rc;
-        }
+         * where the tensors lie, on the slot's stream (with its workspace),
+         * so that one job's launch overlaps the reply and the next request
+         * of another. */
+        int rc = lnorm_cuda_run(b, sl->stream, sl->ws, &sl->why);
+        if (rc)
+            return rc;
         LNORM__CK(cudaEventRecord(sl->done_ev, sl->stream), "cudaEventRecord");
         sl->enqueued = 1;
         return LNORM_OK;

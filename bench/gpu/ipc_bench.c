@@ -402,13 +402,17 @@ int main(int argc, char **argv)
         seg.x = c.d + c.off_x;
         seg.y = c.d + c.off_y;
         const char *why = NULL;
-        CHECK(lnorm_cuda_run_segment(&seg, NULL, &why) == LNORM_OK, "kernel in-process: %s", why ? why : "-");
+        lnorm_batch one = {&seg, 1};
+        lnorm_cuda_ws *ws = NULL; /* as lnormd's slots run it: with the stream's workspace */
+        CHECK(lnorm_cuda_ws_create(&ws, 1) == LNORM_OK, "kernel in-process: lnorm_cuda_ws_create");
+        CHECK(lnorm_cuda_run(&one, NULL, ws, &why) == LNORM_OK, "kernel in-process: %s", why ? why : "-");
         CU(cudaEventRecord(e0, 0));
         for (int i = 0; i < iters; i++)
-            lnorm_cuda_run_segment(&seg, NULL, &why);
+            lnorm_cuda_run(&one, NULL, ws, &why);
         CU(cudaEventRecord(e1, 0));
         CU(cudaEventSynchronize(e1));
         CU(cudaEventElapsedTime(&ms, e0, e1));
+        lnorm_cuda_ws_destroy(ws);
         kernel_gbps = (double)(c.xb + c.yb) * iters / (ms * 1e-3) / 1e9;
         lnorm_shm_destroy(s, NULL);
     }

@@ -22,12 +22,14 @@ extern "C" {
 #endif
 
 /* A workspace for batches of more than one segment: a pinned host staging
- * table and a device copy of it, bound to whatever stream runs it, and the
+ * table and a device copy of it, bound to whatever stream runs it, the
  * counters through which the CTAs of the long-row kernels (tiers of 1024
  * threads a row and up) take their rows as they go (dynamic tiles; without
- * a workspace each CTA takes a fixed share). Not thread-safe: one workspace
- * per stream (per backend slot); launches with one workspace must not run
- * concurrently. */
+ * a workspace each CTA takes a fixed share), and the rescue list on which
+ * the fast kernels leave the rows whose sums leave fp32's range to the
+ * general kernel (without a workspace each fast launch takes one from the
+ * stream's memory pool). Not thread-safe: one workspace per stream (per
+ * backend slot); launches with one workspace must not run concurrently. */
 typedef struct lnorm_cuda_ws lnorm_cuda_ws;
 
 /* Create a workspace that holds up to max_segs segments per upload on the
@@ -45,12 +47,17 @@ void lnorm_cuda_ws_destroy(lnorm_cuda_ws *ws);
  * or LNORM_ECUDA (*why names the failing call) if a CUDA call failed. */
 int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const char **why);
 
-/* Run one segment (device pointers) on stream, with no workspace. */
+/* Run one segment (device pointers) on stream, with no workspace: a fast
+ * launch allocates its rescue list from the stream's memory pool
+ * (cudaMallocAsync) and frees it after the launch, or where the pool has
+ * none to give runs the general kernel (same results). lnorm_cuda_run with
+ * a workspace saves those calls. */
 int lnorm_cuda_run_segment(const lnorm_segment *s, void *stream, const char **why);
 
-/* The number of kernel launches lnorm_cuda_run makes for batch b (the
- * number of distinct (x dtype, tier, fast-path variant) groups), or -1 if b
- * is invalid. */
+/* The number of kernels lnorm_cuda_run launches for batch b (the number
+ * of distinct (x dtype, tier, fast-path variant) groups; each fast kernel
+ * is followed by its rescue list's drain, a launch that returns at once
+ * unless rows need the rescue), or -1 if b is invalid. */
 int lnorm_cuda_launch_count(const lnorm_batch *b);
 
 /* The tier a segment with this x dtype and hidden size runs in (0 = the

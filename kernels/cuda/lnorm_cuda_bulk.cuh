@@ -499,8 +499,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     int par = 0;
     uint4 gcache[NGC], bcache[NGC];
     const lnorm__kseg *cs = nullptr;
-    __shared__ uint32_t heads[RowDefer<F>::WARP ? BLOCK / 32 : 1], slot;
-    RowDefer<F> dl{heads}; /* tiles < 2^32 (launch_bulk) */
     int st = 0;
     uint32_t phase = 0;
     for (int64_t k = 0;; k++) {
@@ -545,29 +543,13 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
             ybytes = slice_bytes(H * (int64_t)sizeof(TX), yoff, SLICE);
         }
         const bool ts = TS && active && ybytes > 0 && (((uintptr_t)yrow + (uintptr_t)yoff) & 15) == 0;
-        /* the key of a deferred row: its tile */
-        auto defer = [&](const lnorm__kseg *ds, int64_t dr) {
-            dl.push((uint32_t)((ds->row_begin + dr) / RPC), ds, dr, rank);
-        };
+        auto defer = [&](const lnorm__kseg *ds, int64_t dr) { rescue_push(p.rescue, ds->row_begin + dr); };
         const bool dfr =
-            fast_row<F, true>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src, ts, defer);
+            fast_row<F>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src, ts, defer);
         if constexpr (TS)
             store_slice(ts && !dfr, yrow, yoff, src, ybytes); /* a deferred row's stage holds x */
         if constexpr (SMR)
             refill();
-    }
-    /* The deferred rows (RowDefer), from x in global memory. */
-    for (uint32_t key; dl.any && (key = dl.first(&slot)) != RowDefer<F>::NIL;) {
-        const int64_t row = (int64_t)key * RPC + g;
-        const bool active = row < p.total_rows;
-        const int64_t rr = active ? row : p.total_rows - 1;
-        const lnorm__kseg *s = multi ? find_seg(p, rr) : &p.one;
-        const int64_t r = rr - s->row_begin;
-        dl.pop(s, r, rank);
-        if constexpr (CL > 1)
-            cg::this_cluster().sync(); /* every rank's link read before rank 0 writes the row's y over them */
-        par = rescue_row<RowKind<TX, TP, RMS, TPR, NCH, CL, BLOCK>>(s, r, active ? (int)s->hidden : 0, active, rank,
-                                                                    t, red, cred, par);
     }
     bulk_finish<TS>(p, ring.dyn);
     if constexpr (CL > 1)

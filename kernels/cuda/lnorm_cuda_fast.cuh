@@ -161,16 +161,6 @@ template <typename F> __device__ __forceinline__ float centred(const float (&f)[
         return (f[k] - K) - d;
 }
 
-/* The rescue's value of element k of chunk f (rescale.h): t = (h - K) * sc
- * (RMSNorm: h * sc; SHIFTED: f already holds h - K). */
-template <typename F> __device__ __forceinline__ float scaled(const float (&f)[F::VEC], int k, float K, float sc)
-{
-    if constexpr (F::RMS || F::SHIFTED)
-        return __fmul_rn(f[k], sc);
-    else
-        return __fmul_rn(f[k] - K, sc);
-}
-
 /* LayerNorm's first pass: this thread's part of sum(h - K) (SHIFTED: h - K
  * kept in fv for the later passes). Masked columns contribute 0. */
 template <typename F, typename Chunk, typename Fill>
@@ -253,17 +243,12 @@ __device__ __forceinline__ void store_y(typename F::TX *yr, bool yal, int j, int
  * the CTA calls it (the reductions synchronize). (The small steps stay
  * lambdas, which the compiler optimizes before it inlines them: as
  * functions they changed the generated code.) */
-/* No deferral (fast_row<F, false>). */
-struct NoDefer {
-    __device__ __forceinline__ void operator()(const lnorm__kseg *, int64_t) const {}
-};
-
-template <typename F, bool DEFER, typename D = NoDefer>
+template <typename F, typename D>
 __device__ __forceinline__ bool fast_row(const uint4 (&raw)[F::NCH], const lnorm__kseg *s, int64_t r, int H,
                                          bool active, float K, int rank, int t, float (*red)[F::BLOCK / 32],
                                          void *cred, int &par, uint4 (&gcache)[F::GC ? F::NCH : 1],
                                          uint4 (&bcache)[F::GC ? F::NCH : 1], const lnorm__kseg *&cs,
-                                         const unsigned char *srow = nullptr, bool ts = false, const D &defer = D{})
+                                         const unsigned char *srow, bool ts, const D &defer)
 {
     using TX = typename F::TX;
     using TP = typename F::TP;
@@ -317,71 +302,21 @@ __device__ __forceinline__ bool fast_row(const uint4 (&raw)[F::NCH], const lnorm
     sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
     par++;
     float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
-    /* The rescue of a row whose sums overflowed or fell into the subnormals
-     * (rescale.h): both sums again over t = (h - K) * sc, in the same order
-     * and trees as above, so every kernel of the tier gives the same bits.
-     * Taken by all the rows that reduce together when one needs it. DEFER
-     * (k_fast, k_bulk): those rows return true here with nothing written,
-     * and the kernel computes them after its last row (RowDefer): in line,
-     * the rescue's code made the kernels at their register limit spill
-     * loop state, run for every row (0.87-0.95 of their speed from
-     * H = 32768 up and f32 LayerNorm H = 512-1024, H200). */
+    /* A row whose sums overflowed or fell into the subnormals (rescale.h)
+     * is left to the general kernel, which rescues it with the same bits:
+     * the kernel writes nothing of it here and `defer` puts its number on
+     * the launch's rescue list (rescue_push), drained by k_reg in its list
+     * form after this kernel (launch_drain). The rows that reduce together
+     * take one path (group_any), so every active row of the scope goes on
+     * the list. Computed here, in line or after the kernel's last row, the
+     * rescue's code cost the kernels registers and speed on every row
+     * (0.87-0.98 of the kernels without it; f32 LayerNorm H = 1024 0.91,
+     * H200). */
     const bool need = active && lnorm__rescale_needed(sq / (float)H, s->eps);
-    if constexpr (DEFER) {
-        if (group_any<TPR, BLOCK>(need)) {
-            defer(s, r); /* links the row (RowDefer::push), with what is live here */
-            return true;
-        }
-    } else if (group_any<TPR, BLOCK>(need)) {
-        const float sc = lnorm__rescale_factor(sq / (float)H);
-        float ds = 0.0f;
-        if constexpr (!F::RMS) {
-            float a = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-                float f[VEC];
-                if (F::WH ? c0 < H : c0 + VEC <= H) {
-                    chunk(j, f);
-#pragma unroll
-                    for (int k = 0; k < VEC; k++)
-                        a = __fadd_rn(a, scaled<F>(f, k, K, sc));
-                } else if (!F::WH) {
-                    chunk(j, f);
-#pragma unroll
-                    for (int k = 0; k < VEC; k++)
-                        a = __fadd_rn(a, (c0 + k < H) ? scaled<F>(f, k, K, sc) : 0.0f);
-                }
-            }
-            a = group_sum<TPR, BLOCK, CL>(a, red, cred, rank, par);
-            par++;
-            ds = a / (float)H;
-        }
-        float b = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            const int c0 = ((rank * NCH + j) * TPR + t) * VEC;
-            float f[VEC];
-            if (F::WH ? c0 < H : c0 + VEC <= H) {
-                chunk(j, f);
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = F::RMS ? scaled<F>(f, k, K, sc) : __fsub_rn(scaled<F>(f, k, K, sc), ds);
-                    b = __fmaf_rn(e, e, b);
-                }
-            } else if (!F::WH) {
-                chunk(j, f);
-#pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    const float e = (c0 + k < H) ? (F::RMS ? scaled<F>(f, k, K, sc) : __fsub_rn(scaled<F>(f, k, K, sc), ds)) : 0.0f;
-                    b = __fmaf_rn(e, e, b);
-                }
-            }
-        }
-        b = group_sum<TPR, BLOCK, CL>(b, red, cred, rank, par);
-        par++;
-        if (need)
-            lnorm__rescaled(ds, b / (float)H, sc, s->eps, s->eps_mode, &d, &rstd);
+    if (group_any<TPR, BLOCK>(need)) {
+        if ((TPR >= BLOCK || active) && t == 0 && rank == 0) /* one row a CTA: that row needs it */
+            defer(s, r);
+        return true;
     }
     if (!active)
         return false; /* nothing below synchronizes */
@@ -467,108 +402,14 @@ __device__ __forceinline__ bool fast_row(const uint4 (&raw)[F::NCH], const lnorm
     return false;
 }
 
-/* The rows that fast_row<F, true> deferred, computed after the kernel's
- * last row, where none of its loop state is live. The unit of deferral is
- * a scope, the threads that reduce together (group_any): a warp's rows
- * when a row has at most 32 threads and a CTA holds several, else the
- * CTA's rows (a cluster's row in the cluster tiers). Each scope keeps a
- * list of its deferred tiles (the kernel's key of an iteration, 32 bits),
- * linked through y: the scope's leader (its first thread, whose row is the
- * scope's first and active when any row of the scope is) stores the
- * previous head in the first 4 bytes of its own y row (CTA rank k of a
- * cluster at bytes 4k .. 4k + 3), which nothing else writes until the row
- * is computed. So no memory beyond y: the host sends a segment here only
- * when its y rows hold 4 bytes and do not overlap x (lnorm__fast_variant),
- * as the row is then read again from x in global memory. */
-template <typename F> struct RowDefer {
-    using TX = typename F::TX;
-    static constexpr bool WARP = F::TPR <= 32 && F::TPR < F::BLOCK;
-    static constexpr uint32_t NIL = 0xffffffffu;
-    /* The heads of the lists in shared memory (one a warp, or one), read
-     * and written by the leaders only, and whether the scope deferred any
-     * row (uniform over the scope): the kernels test it once, at the end,
-     * without a barrier. */
-    uint32_t (&heads)[WARP ? F::BLOCK / 32 : 1];
-    bool any = false;
-    __device__ __forceinline__ static bool leader() { return WARP ? (threadIdx.x & 31) == 0 : threadIdx.x == 0; }
-    __device__ __forceinline__ uint32_t &head() const { return heads[WARP ? threadIdx.x / 32 : 0]; }
-    __device__ __forceinline__ static unsigned char *link(const lnorm__kseg *s, int64_t r, int rank)
-    {
-        return (unsigned char *)s->y + r * s->y_stride * (int64_t)sizeof(TX) + 4 * rank;
-    }
-    /* The scope deferred tile `key`, whose row this thread has (s, r). */
-    __device__ __forceinline__ void push(uint32_t key, const lnorm__kseg *s, int64_t r, int rank)
-    {
-        if (leader()) {
-            const uint32_t h = any ? head() : NIL;
-            unsigned char *yr = link(s, r, rank);
-            if constexpr (sizeof(TX) == 4) {
-                *reinterpret_cast<uint32_t *>(yr) = h;
-            } else {
-                reinterpret_cast<uint16_t *>(yr)[0] = (uint16_t)(h & 0xffffu);
-                reinterpret_cast<uint16_t *>(yr)[1] = (uint16_t)(h >> 16);
-            }
-            head() = key;
-        }
-        any = true;
-    }
-    /* The scope's head, on every thread of the scope (NIL: none left). The
-     * leader's read comes after a barrier (a warp's, or the CTA's): the
-     * compiler may issue it on every thread and keep the leader's value, and
-     * without the barrier that read would race with the leader's writes. */
-    __device__ __forceinline__ uint32_t first(uint32_t *slot) const
-    {
-        if constexpr (WARP) {
-            __syncwarp();
-            const uint32_t v = leader() ? head() : 0u;
-            return __shfl_sync(0xffffffffu, v, 0);
-        } else {
-            __syncthreads();
-            if (threadIdx.x == 0)
-                *slot = head();
-            __syncthreads();
-            return *slot;
-        }
-    }
-    /* Unlink the head, whose row this thread has (s, r): before the row is
-     * computed (its y is the link). */
-    __device__ __forceinline__ void pop(const lnorm__kseg *s, int64_t r, int rank) const
-    {
-        if (leader()) {
-            const unsigned char *yr = link(s, r, rank);
-            if constexpr (sizeof(TX) == 4)
-                head() = *reinterpret_cast<const uint32_t *>(yr);
-            else
-                head() = (uint32_t)reinterpret_cast<const uint16_t *>(yr)[0] |
-                         ((uint32_t)reinterpret_cast<const uint16_t *>(yr)[1] << 16);
-        }
-    }
-};
-
-/* A deferred row (and every row that reduced with it): read again from x
- * in global memory into registers, in the column mapping of Kind (a tier),
- * and computed by fast_row with the rescue in line (the same values and
- * trees as every form of the tier: the same bits). Every thread of the
- * scope calls it; returns the reductions' count (par). Out of line: one
- * copy a tier for all its kernels (in line, it doubled their code). */
-template <typename Kind>
-__device__ __noinline__ int rescue_row(const lnorm__kseg *s, int64_t r, int H, bool active, int rank, int t,
-                                       float (*red)[Kind::BLOCK / 32], void *cred, int par)
+/* Put row `row` (the launch's numbering) on the launch's rescue list
+ * (lnorm__rescue): the first LNORM__RESCUE_CAP rows are listed; past them
+ * the count alone tells the drain to take every row. */
+__device__ __forceinline__ void rescue_push(lnorm__rescue *q, int64_t row)
 {
-    using F = Kind;
-    using TX = typename F::TX;
-    using FR = RowForm<Kind, RowPath<false, true, false, false, false, false>>;
-    const TX *xr = (const TX *)s->x + r * s->x_stride;
-    const bool xal = ((uintptr_t)xr & 15) == 0;
-    uint4 raw[F::NCH];
-#pragma unroll
-    for (int j = 0; j < F::NCH; j++)
-        raw[j] = load_raw<TX>(xr, ((rank * F::NCH + j) * F::TPR + t) * F::VEC, H, xal);
-    const float K = (!F::RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-    uint4 gc[1], bc[1];
-    const lnorm__kseg *cs = nullptr;
-    fast_row<FR, false>(raw, s, r, H, active, K, rank, t, red, cred, par, gc, bc, cs);
-    return par;
+    const unsigned i = atomicAdd(&q->count, 1u);
+    if (i < LNORM__RESCUE_CAP)
+        q->rows[i] = row;
 }
 
 /* CTA size of the fast and bulk kernels of a tier of TPR threads a row. */
@@ -610,8 +451,6 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
     uint4 gcache[1], bcache[1]; /* (no parameter cache in k_fast) */
     const lnorm__kseg *cs = nullptr;
     using F = RowForm<RowKind<TX, TP, RMS, TPR, NCH, 1, BLOCK>, RowPath<false, !RR, AL, false, false, RR>>;
-    __shared__ uint32_t heads[RowDefer<F>::WARP ? BLOCK / 32 : 1], slot;
-    RowDefer<F> dl{heads};
     for (int64_t base = (int64_t)blockIdx.x * RPC; base < p.total_rows; base += (int64_t)gridDim.x * RPC) {
         const int64_t row = base + threadIdx.x / TPR;
         const bool active = row < p.total_rows;
@@ -633,23 +472,9 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
             }
         }
         const float K = (!RMS && H > 0) ? shift_of<TX>(xr[0]) : 0.0f;
-        /* the key of a deferred row: its iteration */
-        auto defer = [&](const lnorm__kseg *ds, int64_t dr) {
-            dl.push((uint32_t)(((ds->row_begin + dr) / RPC - blockIdx.x) / gridDim.x), ds, dr, 0);
-        };
-        fast_row<F, true>(raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache, bcache, cs,
-                          reinterpret_cast<const unsigned char *>(xr), false, defer);
-    }
-    /* The deferred rows (RowDefer), from x in global memory. */
-    for (uint32_t k; dl.any && (k = dl.first(&slot)) != RowDefer<F>::NIL;) {
-        const int64_t row = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * RPC + threadIdx.x / TPR;
-        const bool active = row < p.total_rows;
-        const int64_t rr = active ? row : p.total_rows - 1;
-        const lnorm__kseg *s = MULTI ? find_seg(p, rr) : &p.one;
-        const int64_t r = rr - s->row_begin;
-        dl.pop(s, r, 0);
-        par = rescue_row<RowKind<TX, TP, RMS, TPR, NCH, 1, BLOCK>>(s, r, active ? (int)s->hidden : 0, active, 0, t,
-                                                                   red, nullptr, par);
+        auto defer = [&](const lnorm__kseg *ds, int64_t dr) { rescue_push(p.rescue, ds->row_begin + dr); };
+        fast_row<F>(raw, s, r, H, active, K, 0, t, red, nullptr, par, gcache, bcache, cs,
+                    reinterpret_cast<const unsigned char *>(xr), false, defer);
     }
 }
 

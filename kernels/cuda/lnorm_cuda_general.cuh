@@ -107,16 +107,20 @@ struct RowState {
     bool active;
 };
 
-/* Locate the row of this thread's group starting at base, load its chunks
- * of h (residual_out written) and its shift K. */
-template <typename TX, int TPR, int NCH, int CL>
+/* Locate the row of this thread's group starting at item base, load its
+ * chunks of h (residual_out written) and its shift K. Item i is row i, or
+ * in the list form (LIST, the drain) row list[i] of the launch's rescue
+ * list when list is not NULL, for i < items. */
+template <typename TX, int TPR, int NCH, int CL, bool LIST = false>
 __device__ __forceinline__ RowState fetch_row(const lnorm__kparams &p, int64_t base, int rank, int t,
-                                              uint4 (&raw)[NCH])
+                                              uint4 (&raw)[NCH], const int64_t *list = nullptr, int64_t items = 0)
 {
     constexpr int VEC = (int)(16 / sizeof(TX));
     RowState st;
-    const int64_t row = base + threadIdx.x / TPR;
-    st.active = row < p.total_rows;
+    int64_t row = base + threadIdx.x / TPR;
+    if constexpr (LIST)
+        row = row >= items ? p.total_rows : list ? list[row] : row;
+    st.active = row >= 0 && row < p.total_rows;
     const int64_t rr = st.active ? row : (base < p.total_rows ? base : p.total_rows - 1);
     st.s = find_seg(p, rr);
     st.r = rr - st.s->row_begin;
@@ -131,18 +135,44 @@ __device__ __forceinline__ RowState fetch_row(const lnorm__kparams &p, int64_t b
     return st;
 }
 
+/* Wait for the kernels this one depends on and for their writes, when it
+ * was launched as a programmatic dependent (launch_drain); at once
+ * otherwise. */
+__device__ __forceinline__ void grid_dep_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* Register tiers: a row held in registers as raw x-dtype chunks by TPR
  * threads (NCH 16-byte chunks each), BLOCK / TPR rows per CTA, or one row
  * over a cluster of CL CTAs. Loops over rows (uniformly per CTA / cluster)
  * until the launch's rows are done. (Loading the next row before reducing
- * this one was slower in every case measured.) */
-template <typename TX, int TPR, int NCH, int CL>
+ * this one was slower in every case measured.)
+ * LIST: the drain of a fast or bulk launch of the same parameters
+ * (lnorm__rescue): the rows on its rescue list, or every row once the
+ * count passed the list's capacity; nothing when the list is empty. Its
+ * last CTA empties the list for the next launch on the stream. */
+template <typename TX, int TPR, int NCH, int CL, bool LIST = false>
 __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>::min_blocks)
     k_reg(const __grid_constant__ lnorm__kparams p)
 {
     constexpr int BLOCK = RegShape<TPR, NCH>::block;
     constexpr int VEC = (int)(16 / sizeof(TX));
     constexpr int RPC = BLOCK / TPR;
+    const int64_t *list = nullptr;
+    int64_t items = p.total_rows;
+    if constexpr (LIST) {
+        grid_dep_wait();
+        const unsigned n = *(volatile const unsigned *)&p.rescue->count;
+        if (n == 0)
+            return; /* every CTA (of a cluster too) reads the same count */
+        if (n <= LNORM__RESCUE_CAP) {
+            list = p.rescue->rows;
+            items = n;
+        }
+    }
     __shared__ float red[2][BLOCK / 32];
     __shared__ ClusterRed<CL, BLOCK / 32> cr;
     void *cred = &cr;
@@ -157,8 +187,8 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
     int par = 0;
     uint4 raw[NCH];
     int64_t base = cid * RPC;
-    RowState cur = fetch_row<TX, TPR, NCH, CL>(p, base, rank, t, raw);
-    while (base < p.total_rows) {
+    RowState cur = fetch_row<TX, TPR, NCH, CL, LIST>(p, base, rank, t, raw, list, items);
+    while (base < items) {
         const int64_t nbase = base + ncl * RPC;
 
         const lnorm__kseg *s = cur.s;
@@ -215,8 +245,9 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         sq = group_sum<TPR, BLOCK, CL>(sq, red, cred, rank, par);
         par++;
         float rstd = make_rstd(sq / (float)H, s->eps, s->eps_mode);
-        /* The rescue (rescale.h), as fast_row does it: the same values in
-         * the same order and trees, so the same bits as the fast kernels. */
+        /* The rescue (rescale.h). The fast kernels leave the rows that need
+         * it to this kernel (its list form), so they are computed here
+         * whichever kernel the launch took. */
         const bool need = cur.active && lnorm__rescale_needed(sq / (float)H, s->eps);
         if (group_any<TPR, BLOCK>(need)) {
             const float sc = lnorm__rescale_factor(sq / (float)H);
@@ -263,11 +294,21 @@ __global__ void __launch_bounds__(RegShape<TPR, NCH>::block, RegShape<TPR, NCH>:
         if (cur.active)
             emit_any<TX, NCH, TPR, CL>(raw, s, cur.r, H, rank, t, K, d, rstd);
         base = nbase;
-        if (base < p.total_rows)
-            cur = fetch_row<TX, TPR, NCH, CL>(p, base, rank, t, raw);
+        if (base < items)
+            cur = fetch_row<TX, TPR, NCH, CL, LIST>(p, base, rank, t, raw, list, items);
     }
     if constexpr (CL > 1)
         cg::this_cluster().sync(); /* no CTA leaves while its shared memory may be read */
+    if constexpr (LIST) {
+        __syncthreads(); /* every thread of the CTA has read the count and its rows */
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&p.rescue->done, 1u) == gridDim.x - 1) {
+                atomicExch(&p.rescue->count, 0u);
+                atomicExch(&p.rescue->done, 0u);
+            }
+        }
+    }
 }
 
 /* Streaming tier for rows too long to hold on chip (beyond the largest

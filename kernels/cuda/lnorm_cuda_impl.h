@@ -99,6 +99,22 @@ extern long lnorm__bulk_launches;
 extern long lnorm__bulk_fallbacks;
 extern long lnorm__dyn_launches;
 
+/* The rows of a fast or bulk launch that need the rescue (rescale.h),
+ * which those kernels leave to the general kernel: each such row (with the
+ * rows that reduce with it) is counted in `count` and, among the first
+ * LNORM__RESCUE_CAP, listed in `rows` (the launch's row numbering). The
+ * drain (k_reg's list form, launched right after on the same stream) takes
+ * the listed rows, or every row of the launch once the count passes the
+ * cap, and its last CTA puts count and done (its CTAs that finished) back
+ * to 0. Device memory of the launch's workspace (one per stream), zero
+ * between launches. */
+#define LNORM__RESCUE_CAP 1024
+typedef struct lnorm__rescue {
+    unsigned int count;
+    unsigned int done;
+    int64_t rows[LNORM__RESCUE_CAP];
+} lnorm__rescue;
+
 /* The parameters of one launch: either a device table of nsegs segments
  * sorted by row_begin, or (table NULL) the single segment `one` inline.
  * fast: the LNORM__FAST_* variant every segment of the launch shares, with
@@ -115,6 +131,9 @@ typedef struct lnorm__kparams {
      * launch's workspace (one per stream, lnorm_cuda_ws), zero before the
      * launch; NULL: each CTA takes every gridDim-th tile. */
     unsigned int *sched;
+    /* The rescue list of a fast or bulk launch (lnorm__rescue); never NULL
+     * when fast is not LNORM__FAST_NONE. */
+    lnorm__rescue *rescue;
 } lnorm__kparams;
 
 /* The tiers, by hidden size. A register tier holds the row in registers

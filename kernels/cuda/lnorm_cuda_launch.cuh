@@ -108,6 +108,74 @@ static cudaError_t launch_reg(const lnorm__kparams *p, cudaStream_t st)
     }
 }
 
+/* Launch the drain of a fast or bulk launch (lnorm__rescue) right after it
+ * on the same stream: k_reg's list form of the tier, which returns at once
+ * while the list is empty, on at most two CTAs an SM (one wave of clusters):
+ * few CTAs to start on every launch, enough for a list of 1024 rows (a
+ * launch whose rows all need the rescue runs them at that occupancy). On
+ * sm_90 and up, as a programmatic dependent of that launch: it starts as
+ * that kernel's last CTAs finish, instead of after a full kernel boundary,
+ * and waits for that kernel's writes (grid_dep_wait) before it reads the
+ * list. Returns the CUDA error. */
+template <typename TX, int TPR, int NCH, int CL>
+static cudaError_t launch_drain(const lnorm__kparams *p, cudaStream_t st)
+{
+    constexpr int BLOCK = RegShape<TPR, NCH>::block;
+    static int cache[64]; /* per device: resident CTAs an SM (CL == 1) or clusters, 0 = unknown */
+    static int dep[64];   /* per device: programmatic dependent launches, 1 yes, 2 no, 0 unknown */
+    int dev = 0, sms = 0;
+    cudaError_t e = device_sms(&dev, &sms);
+    if (e != cudaSuccess)
+        return e;
+    auto kern = k_reg<TX, TPR, NCH, CL, true>;
+    int pdl = dev < 64 ? dep[dev] : 0;
+    if (pdl == 0) {
+        int major = 0;
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (e != cudaSuccess)
+            return e;
+        pdl = major >= 9 ? 1 : 2;
+        if (dev < 64)
+            dep[dev] = pdl;
+    }
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = cluster_config(CL, dim3(CL * sms, 1, 1), dim3(BLOCK, 1, 1), 0, st, &at[0]);
+    if (CL == 1)
+        cfg.numAttrs = 0;
+    int n = dev < 64 ? cache[dev] : 0;
+    if (n <= 0) {
+        if constexpr (CL == 1) {
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, BLOCK, 0);
+        } else {
+            if (CL > 8)
+                e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveClusters(&n, kern, &cfg);
+        }
+        if (e != cudaSuccess)
+            return e;
+        if (n < 1)
+            return cudaErrorInvalidConfiguration;
+        if (dev < 64)
+            cache[dev] = n;
+    }
+    cfg.gridDim = dim3((unsigned)(CL == 1 ? (n < 2 ? n : 2) * sms : n * CL), 1, 1);
+    if (pdl == 1) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs++;
+        e = cudaLaunchKernelEx(&cfg, kern, *p);
+        if (e == cudaSuccess)
+            return e;
+        /* refused (nothing launched): this device launches its drains plainly from now on */
+        (void)cudaGetLastError();
+        if (dev < 64)
+            dep[dev] = 2;
+        cfg.numAttrs--;
+    }
+    return cudaLaunchKernelEx(&cfg, kern, *p);
+}
+
 /* Launch the streaming tier: one CTA per row, at most 2 waves. */
 template <typename TX> static cudaError_t launch_stream(const lnorm__kparams *p, cudaStream_t st)
 {
@@ -215,8 +283,6 @@ static cudaError_t launch_bulk(const lnorm__kparams *p, cudaStream_t st)
         stages = lnorm__bulk_stages_override;
     const size_t smem = (size_t)(stages * stage_bytes);
     const int64_t tiles = (p->total_rows + RPC - 1) / RPC;
-    if (tiles >= (int64_t)0xffffffff)
-        return cudaErrorInvalidValue; /* a deferred row's key is its tile, 32 bits (RowDefer) */
     if constexpr (CL == 1) {
         const int64_t cap = fwd_capped((int64_t)sms * n);
         const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
@@ -291,7 +357,7 @@ static cudaError_t launch_fast(const lnorm__kparams *p, cudaStream_t st)
  * no fast kernel (a cluster tier whose bulk launch does not fit) and the
  * general kernels run it, with the same bits. */
 template <typename TX, int TPR, int NCH, int CL>
-static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bool *handled)
+static cudaError_t launch_fast_kernel(const lnorm__kparams *p, cudaStream_t st, bool *handled)
 {
     const int v = p->fast & LNORM__FAST_VMASK;
     const bool rms = v == LNORM__FAST_RMS || v == LNORM__FAST_RMS_PF32;
@@ -321,6 +387,17 @@ static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bo
             return rms ? launch_fast<TX, float, true, TPR, NCH>(p, st) : launch_fast<TX, float, false, TPR, NCH>(p, st);
         return rms ? launch_fast<TX, TX, true, TPR, NCH>(p, st) : launch_fast<TX, TX, false, TPR, NCH>(p, st);
     }
+}
+
+/* The fast kernel of a launch (launch_fast_kernel) and, when it ran, its
+ * drain (launch_drain): the rows that need the rescue. */
+template <typename TX, int TPR, int NCH, int CL>
+static cudaError_t launch_fast_tier(const lnorm__kparams *p, cudaStream_t st, bool *handled)
+{
+    const cudaError_t e = launch_fast_kernel<TX, TPR, NCH, CL>(p, st, handled);
+    if (e != cudaSuccess || !*handled)
+        return e;
+    return launch_drain<TX, TPR, NCH, CL>(p, st);
 }
 
 /* A launch of one register tier: the fast kernels for a launch the host

@@ -18,6 +18,7 @@ struct lnorm_cuda_ws {
     cudaEvent_t copied;  /* recorded after the last upload from host */
     int pending;         /* an upload was recorded and not yet waited for */
     unsigned int *sched; /* device: the dynamic-tile counters (kparams.sched), zero between launches */
+    lnorm__rescue *rescue; /* device: the fast launches' rescue list (kparams.rescue), empty between launches */
 };
 
 /* One tier's shape: TPR threads per row, NCH 16-byte chunks per thread, CL
@@ -181,16 +182,13 @@ static int lnorm__bulk_pays(const lnorm_segment *s, int tier)
     return t->tpr <= 512;
 }
 
-/* Whether the fast kernels may defer a segment's rows that need the rescue
- * (RowDefer, lnorm_cuda_fast.cuh): they link such rows through the first
- * 4 bytes of y (more in the cluster tiers, whose rows are long) and read
- * them again from x, so y rows of at least 4 bytes whose memory does not
+/* Whether the fast kernels may take a segment: they leave the rows that
+ * need the rescue to the general kernel (lnorm__rescue), which reads them
+ * again from x after the fast kernel has written y, so y's memory must not
  * overlap x's. Else the general kernel, with the same bits. */
-static int lnorm__defer_ok(const lnorm_segment *s)
+static int lnorm__rescue_ok(const lnorm_segment *s)
 {
     const size_t ys = lnorm_dtype_size(s->y_dtype), xs = lnorm_dtype_size(s->x_dtype);
-    if ((size_t)s->hidden * ys < 4)
-        return 0;
     if (s->rows <= 0)
         return 1;
     const uintptr_t x0 = (uintptr_t)s->x, y0 = (uintptr_t)s->y;
@@ -211,7 +209,7 @@ static int lnorm__fast_variant(const lnorm_segment *s, int tier)
         return LNORM__FAST_NONE;
     if (s->y_dtype != s->x_dtype || s->residual)
         return LNORM__FAST_NONE;
-    if (!lnorm__defer_ok(s))
+    if (!lnorm__rescue_ok(s))
         return LNORM__FAST_NONE;
     const int rms = s->op == LNORM_OP_RMSNORM;
     const int has_param = s->gamma || s->beta;
@@ -352,7 +350,9 @@ static unsigned int *lnorm__sched(const lnorm_cuda_ws *ws, int64_t total_rows)
     return ws->sched;
 }
 
-/* Validate and launch one segment; ws may be NULL (no dynamic tiles). */
+/* Validate and launch one segment; ws may be NULL (no dynamic tiles, and
+ * a rescue list of the stream's memory pool for a fast launch: when the
+ * pool has none to give, the general kernel, with the same bits). */
 static int lnorm__run_one(const lnorm_segment *s, void *stream, lnorm_cuda_ws *ws, const char **why)
 {
     int rc = lnorm_segment_validate(s, why);
@@ -366,7 +366,25 @@ static int lnorm__run_one(const lnorm_segment *s, void *stream, lnorm_cuda_ws *w
     p.sched = lnorm__sched(ws, s->rows);
     const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
     p.fast = lnorm__fast_variant(s, tier);
+    lnorm__rescue *own = NULL;
+    if (ws) {
+        p.rescue = ws->rescue;
+    } else if (p.fast != LNORM__FAST_NONE) {
+        cudaStream_t st = (cudaStream_t)stream;
+        if (cudaMallocAsync((void **)&own, sizeof *own, st) != cudaSuccess) {
+            own = NULL;
+            (void)cudaGetLastError();
+            p.fast = LNORM__FAST_NONE;
+        } else if (cudaMemsetAsync(own, 0, 2 * sizeof(unsigned int), st) != cudaSuccess) {
+            (void)cudaGetLastError();
+            p.fast = LNORM__FAST_NONE;
+        } else {
+            p.rescue = own;
+        }
+    }
     int e = lnorm__launch(s->x_dtype, tier, &p, stream);
+    if (own && cudaFreeAsync(own, (cudaStream_t)stream) != cudaSuccess && !e)
+        e = (int)cudaGetLastError();
     if (e) {
         if (why)
             *why = cudaGetErrorString((cudaError_t)e);
@@ -396,10 +414,15 @@ int lnorm_cuda_ws_create(lnorm_cuda_ws **out, size_t max_segs)
         ws->sched = NULL;
         goto fail;
     }
-    /* Zero before any launch may use them: the memset runs on the default
+    if (cudaMalloc((void **)&ws->rescue, sizeof *ws->rescue) != cudaSuccess) {
+        ws->rescue = NULL;
+        goto fail;
+    }
+    /* Zero before any launch may use them: the memsets run on the default
      * stream, which a non-blocking stream (lnormd's slots) does not wait
-     * for, so wait for it here. */
-    if (cudaMemset(ws->sched, 0, 2 * sizeof(unsigned int)) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess)
+     * for, so wait for them here. */
+    if (cudaMemset(ws->sched, 0, 2 * sizeof(unsigned int)) != cudaSuccess ||
+        cudaMemset(ws->rescue, 0, 2 * sizeof(unsigned int)) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess)
         goto fail;
     if (cudaEventCreateWithFlags(&ws->copied, cudaEventDisableTiming) != cudaSuccess) {
         ws->copied = NULL;
@@ -425,6 +448,8 @@ void lnorm_cuda_ws_destroy(lnorm_cuda_ws *ws)
         cudaFree(ws->dev);
     if (ws->sched)
         cudaFree(ws->sched);
+    if (ws->rescue)
+        cudaFree(ws->rescue);
     if (ws->host)
         cudaFreeHost(ws->host);
     free(ws);
@@ -541,6 +566,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
                 for (size_t i = 0; i < gn[g]; i++)
                     p.total_rows += b->segs[ix[i]].rows;
                 p.sched = lnorm__sched(ws, p.total_rows);
+                p.rescue = ws->rescue;
                 const int tier = lnorm_cuda_tier(s0->x_dtype, s0->hidden, NULL);
                 /* The group's variant, from its key: the same for every
                  * segment of the group even if the settings changed

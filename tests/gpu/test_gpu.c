@@ -21,8 +21,9 @@
  *     float64 and bit-identical to the fixed-share runs.
  *  8. Rows at the edges of fp32 (overflowing and subnormal sums) in every
  *     tier against float64 and the CPU backend, bit-identical through
- *     every kernel of the tier (edges); the fast kernels' deferred rows in
- *     long lists, on small grids and in place (deferred_lists).
+ *     every kernel of the tier (edges); the rows the fast kernels defer
+ *     to the rescue list, within and past its capacity, on small grids and
+ *     in place (deferred_lists).
  * Usage: test_gpu [--quick | --dyn | --edges | --defer]  (--quick: a
  * reduced set for compute-sanitizer; --dyn: part 7's many-fill runs alone;
  * --edges: part 8 alone; --defer: the reduced deferred_lists alone, each
@@ -893,14 +894,19 @@ static void edges(lnorm_rng *g, int quick)
     printf("edges of fp32: %ld cases, %ld runs: %s\n", cases, nruns, check_failures() > f0 ? "FAIL" : "ok");
 }
 
-/* Rows deferred by the fast kernels (RowDefer, lnorm_cuda_fast.cuh): many
- * of them a CTA, so that each scope (a warp, a CTA, a cluster) keeps a long
- * list linked through y. Every third row a row of N(0, 1e19) (whose sums
- * overflow), the others ordinary; grids capped at 1 and 2 CTAs (clusters)
+/* Rows the fast kernels leave to the general kernel's rescue (the rescue
+ * list, lnorm__rescue; its drain, k_reg's list form): every third row a
+ * row of N(0, 1e19) (whose sums overflow), the others ordinary. At H = 30,
+ * 4096 and 8000 and in the cluster tiers the list holds them (100 rows, or
+ * 8, with the rows of their warps at H = 30); at H = 200 and 1000, 3300
+ * rows put more than the list's LNORM__RESCUE_CAP = 1024 on it, and the
+ * drain takes every row. Grids capped at 1 and 2 CTAs (clusters)
  * ("fwd_grid"), in every form (aligned, re-read, bulk forced, dynamic
- * tiles), each against float64 and bit-identical to the general kernel;
- * then in place (y = x), which the host gives to the general kernel (the
- * link would overwrite x): the same bits again. */
+ * tiles), with and without a workspace, each against float64 and
+ * bit-identical to the general kernel; then in place (y = x), which the
+ * host gives to the general kernel (the drain reads x again): the same
+ * bits again. */
+_Static_assert(3300 / 3 > LNORM__RESCUE_CAP, "the long lists must pass the rescue list's capacity");
 static void deferred_lists(lnorm_rng *g, int quick, int verbose)
 {
     static const int64_t hs[] = {30, 200, 1000, 4096, 8000, 20000, 40000, 131072};
@@ -928,7 +934,8 @@ static void deferred_lists(lnorm_rng *g, int quick, int verbose)
                     continue;
                 const int xdt = xi ? LNORM_DTYPE_BF16 : LNORM_DTYPE_F32;
                 lnorm_test_case_cfg c = {.op = op, .x_dtype = xdt, .param_dtype = xdt,
-                                         .rows = hs[hi] <= 8000 ? 300 : 24, .hidden = hs[hi], .gamma = 1,
+                                         .rows = hs[hi] == 200 || hs[hi] == 1000 ? 3300 : hs[hi] <= 8000 ? 300 : 24,
+                                         .hidden = hs[hi], .gamma = 1,
                                          .beta = op == LNORM_OP_LAYERNORM, .residual = 1, .stats = 1};
                 const char *tdesc = "?";
                 lnorm_cuda_tier(xdt, c.hidden, &tdesc);
