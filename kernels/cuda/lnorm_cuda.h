@@ -89,7 +89,8 @@ int lnorm_cuda_norm(int op, int x_dtype, int y_dtype, int param_dtype, int64_t r
 /* The kernel form a segment takes, for tests and profiling that run a row
  * through every form and compare the bits (process-wide, not thread-safe
  * against concurrent launches; every setting gives the same output bits):
- * "bulk" 0/1/2 (the bulk-copy kernels: off, where they pay (default),
+ * "fast" 0/1 (the fast and bulk kernels where a segment allows (default),
+ * or the general kernels for every segment), "bulk" 0/1/2 (the bulk-copy kernels: off, where they pay (default),
  * wherever rows allow), "bulk_stages" 0 or 2..8 (stages a CTA, 0 = chosen
  * per launch), "bulk_ctas" 0..64 (cap on resident CTAs per SM, 0 = none),
  * "fast_grid" 0/1/2 (grid of the fast kernel: by tier (default),

@@ -236,7 +236,9 @@ __device__ __forceinline__ void store_y(typename F::TX *yr, bool yal, int j, int
  * gives the same bits through either: raw holds the row's chunks of this
  * thread (column mapping of lnorm_cuda_io.cuh), K is the LayerNorm shift
  * (h[0], 0 if not finite; 0 for RMSNorm), H = 0 for a group without a row.
- * Reduces over the group (and the cluster), writes mean/rstd and y.
+ * Reduces over the group (and the cluster), writes mean/rstd and y and
+ * returns false; or, for a row that needs the rescue, writes nothing, has
+ * defer(s, r) called once for it (by its first thread) and returns true.
  * gcache/bcache/cs: the thread's cached parameter chunks and the segment
  * they belong to (used when F::GC). srow: the row in the stage (SMR) or in
  * global memory (RR); ts: y goes over the stage (TStore). Every thread of
@@ -451,6 +453,7 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
     uint4 gcache[1], bcache[1]; /* (no parameter cache in k_fast) */
     const lnorm__kseg *cs = nullptr;
     using F = RowForm<RowKind<TX, TP, RMS, TPR, NCH, 1, BLOCK>, RowPath<false, !RR, AL, false, false, RR>>;
+    grid_dep_launch();
     for (int64_t base = (int64_t)blockIdx.x * RPC; base < p.total_rows; base += (int64_t)gridDim.x * RPC) {
         const int64_t row = base + threadIdx.x / TPR;
         const bool active = row < p.total_rows;

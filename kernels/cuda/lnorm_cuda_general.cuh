@@ -135,16 +135,6 @@ __device__ __forceinline__ RowState fetch_row(const lnorm__kparams &p, int64_t b
     return st;
 }
 
-/* Wait for the kernels this one depends on and for their writes, when it
- * was launched as a programmatic dependent (launch_drain); at once
- * otherwise. */
-__device__ __forceinline__ void grid_dep_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* Register tiers: a row held in registers as raw x-dtype chunks by TPR
  * threads (NCH 16-byte chunks each), BLOCK / TPR rows per CTA, or one row
  * over a cluster of CL CTAs. Loops over rows (uniformly per CTA / cluster)

@@ -59,6 +59,7 @@ enum {
  * rows allow (2). lnorm__bulk_stages_override / lnorm__bulk_ctas_override:
  * stages a CTA and resident CTAs an SM of a bulk launch (0: the
  * launcher's choice). */
+extern int lnorm__fast_enabled; /* the fast and bulk kernels (1), or the general kernels for every segment (0) */
 extern int lnorm__bulk_enabled;
 extern int lnorm__bulk_stages_override;
 extern int lnorm__bulk_ctas_override;

@@ -107,13 +107,45 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
     return cudaSuccess;
 }
 
-/* The stream-ordered pool (a rescue list for a launch without a
- * workspace): allocations outstanding, and the next one refused on demand. */
-static int g_pool_live, g_pool_refuse;
+/* The library's memory pool (rescue lists of launches without a
+ * workspace): pools created, allocations outstanding, and the next
+ * allocation refused on demand. */
+static int g_pools, g_pool_live, g_pool_refuse;
+static int g_pool_obj;
 
-cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t st)
+cudaError_t cudaGetDevice(int *dev)
+{
+    *dev = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *p, const struct cudaMemPoolProps *pr)
+{
+    (void)pr;
+    g_pools++;
+    *p = (cudaMemPool_t)(void *)&g_pool_obj;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t p, enum cudaMemPoolAttr a, void *v)
+{
+    (void)p;
+    (void)a;
+    (void)v;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t p)
+{
+    (void)p;
+    g_pools--;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t st)
 {
     (void)st;
+    (void)pool;
     if (g_pool_refuse) {
         g_pool_refuse = 0;
         return cudaErrorMemoryAllocation;
@@ -513,6 +545,12 @@ static void rescue_routing(void)
     g_pool_refuse = 1;
     CHECK(variant_of(&s) == LNORM__FAST_NONE, "no rescue list from the pool: the general kernel");
     CHECK(g_pool_refuse == 0, "run_segment did not ask the pool for a rescue list");
+    CHECK(g_pools == 1, "%d pools for the rescue lists of one device, want 1 (kept)", g_pools);
+    CHECK(lnorm_cuda_set_tuning("fast", 0) == LNORM_OK, "fast 0 must be taken");
+    CHECK(variant_of(&s) == LNORM__FAST_NONE, "fast 0: the general kernel");
+    CHECK(lnorm_cuda_set_tuning("fast", 2) == LNORM_EINVAL, "fast 2 must be refused");
+    CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK && variant_of(&s) != LNORM__FAST_NONE,
+          "defaults: the fast path again");
     lnorm_segment t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 8, 1, 0, 0, 0);
     CHECK(variant_of(&t) != LNORM__FAST_NONE, "bf16 H=1 (2-byte y rows): the fast path");
     t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 8, 1, 0, 0, 0);
