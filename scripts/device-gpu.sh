@@ -55,8 +55,8 @@ esac
 case ",$STEPS," in *,san,*)
   # Both tools into one log (at most 8 files come back from the device).
   step memcheck 240 "$OUT/sanitizer-memcheck.tmp" compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --quick
-  # racecheck over --quick runs past 400 s since the forward's deferral
-  # lists; --defer takes those lists alone (about 170 s on an H200).
+  # racecheck over all of --quick is too slow for one call; --defer takes
+  # the rescue-list cases alone (about 160 s on an H200).
   step racecheck 280 "$OUT/sanitizer-racecheck.tmp" compute-sanitizer --tool racecheck --error-exitcode 9 "$B/tests/gpu/test_gpu" --defer
   # The backward: memcheck over all of test_gpu_bwd (about 100 s), racecheck
   # over its rows-two-at-a-time part (about 110 s).

@@ -481,7 +481,6 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
     int rank = 0;
     if constexpr (CL > 1)
         rank = (int)cg::this_cluster().block_rank();
-    grid_dep_launch();
     const int64_t cid = blockIdx.x / CL, ncl = gridDim.x / CL;
     const int64_t rs = bulk_row_bytes(p, (int64_t)TPR * NCH * 16, (int)sizeof(TX), CL, SMR);
     const int64_t stage_bytes = rs * RPC;

@@ -453,7 +453,6 @@ __global__ void __launch_bounds__(FastShape<TPR, NCH, RR>::block, FastShape<TPR,
     uint4 gcache[1], bcache[1]; /* (no parameter cache in k_fast) */
     const lnorm__kseg *cs = nullptr;
     using F = RowForm<RowKind<TX, TP, RMS, TPR, NCH, 1, BLOCK>, RowPath<false, !RR, AL, false, false, RR>>;
-    grid_dep_launch();
     for (int64_t base = (int64_t)blockIdx.x * RPC; base < p.total_rows; base += (int64_t)gridDim.x * RPC) {
         const int64_t row = base + threadIdx.x / TPR;
         const bool active = row < p.total_rows;

@@ -30,19 +30,9 @@
 
 namespace lnorm_cuda {
 
-/* Programmatic dependent launch (sm_90 and up; no-ops below): the fast and
- * bulk kernels let the drain of their rescue list (launch_drain) be
- * scheduled once every one of their CTAs has started (grid_dep_launch, at
- * a CTA's start), so its CTAs are resident when the kernel ends; the drain
- * waits for the kernel's end and its writes (grid_dep_wait) before it
- * reads anything. */
-__device__ __forceinline__ void grid_dep_launch()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
+/* Wait for the kernels this one depends on and for their writes, when it
+ * was launched as a programmatic dependent (launch_drain, sm_90 and up); at
+ * once otherwise. */
 __device__ __forceinline__ void grid_dep_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
