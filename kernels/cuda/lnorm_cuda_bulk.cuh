@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(BulkShape<TPR, NCH, CL>::block, BulkShape<TPR,
         const bool dfr =
             fast_row<F>(raw, s, r, H, active, K, rank, t, red, cred, par, gcache, bcache, cs, src, ts, defer);
         if constexpr (TS)
-            store_slice(ts && !dfr, yrow, yoff, src, ybytes); /* a deferred row's stage holds x */
+            store_slice(ts && !dfr, yrow, yoff, src, ybytes); /* a row left to the rescue: its stage holds x */
         if constexpr (SMR)
             refill();
     }

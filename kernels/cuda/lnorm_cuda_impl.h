@@ -68,8 +68,8 @@ extern int lnorm__bulk_ctas_override;
  * over the tiles), 2 one tile a CTA. */
 extern int lnorm__fast_grid;
 /* Cap on the CTAs (clusters) of a k_fast or k_bulk launch, 0 = none
- * (lnorm_cuda_set_tuning "fwd_grid"; the tests' long lists of deferred
- * rows); never changes the bits. */
+ * (lnorm_cuda_set_tuning "fwd_grid"; the tests' many rows a CTA put on
+ * the rescue list); never changes the bits. */
 extern int lnorm__fwd_grid;
 /* k_fast's straight-line form (AL: vector accesses only, for segments
  * whose x, y, gamma, beta, strides and H are whole 16-byte units): 0
