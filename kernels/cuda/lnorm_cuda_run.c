@@ -354,6 +354,15 @@ static unsigned int *lnorm__sched(const lnorm_cuda_ws *ws, int64_t total_rows)
     return ws->sched;
 }
 
+/* The fast variant of a launch of total_rows rows whose segments' variant
+ * is `fast`: none (the general kernel, same bits) past 2^32 - 1 rows, where
+ * the rescue list's 32-bit count could wrap (each row is counted at most
+ * once). */
+static int lnorm__fast_for_rows(int fast, int64_t total_rows)
+{
+    return total_rows > (int64_t)UINT32_MAX ? LNORM__FAST_NONE : fast;
+}
+
 /* The memory pool of this device from which launches without a workspace
  * take their rescue lists: this library's own, keeping its memory (release
  * threshold: all of it), so that a list costs no new mapping of memory
@@ -409,7 +418,7 @@ static int lnorm__run_one(const lnorm_segment *s, void *stream, lnorm_cuda_ws *w
     p.nsegs = 1;
     p.sched = lnorm__sched(ws, s->rows);
     const int tier = lnorm_cuda_tier(s->x_dtype, s->hidden, NULL);
-    p.fast = lnorm__fast_variant(s, tier);
+    p.fast = lnorm__fast_for_rows(lnorm__fast_variant(s, tier), s->rows);
     lnorm__rescue *own = NULL;
     if (ws) {
         p.rescue = ws->rescue;
@@ -616,7 +625,7 @@ int lnorm_cuda_run(const lnorm_batch *b, void *stream, lnorm_cuda_ws *ws, const 
                 /* The group's variant, from its key: the same for every
                  * segment of the group even if the settings changed
                  * since the batch was grouped. */
-                p.fast = lnorm__fast_of_key(gk[g]);
+                p.fast = lnorm__fast_for_rows(lnorm__fast_of_key(gk[g]), p.total_rows);
                 int e = lnorm__launch(s0->x_dtype, tier, &p, stream);
                 if (e) {
                     rc = LNORM_ECUDA;

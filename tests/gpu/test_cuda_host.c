@@ -531,7 +531,7 @@ static void batch(int al_setting)
  * the drain reads x again after y is written): in place, or overlapping.
  * The same segments apart take the fast path, whatever the length of a y
  * row. A launch without a workspace whose pool has no rescue list to give
- * takes the general kernel too. */
+ * takes the general kernel too, and so does a launch of 2^32 rows or more. */
 static void rescue_routing(void)
 {
     lnorm_segment s = seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, 4, 1024, 0, 0, 0);
@@ -551,6 +551,13 @@ static void rescue_routing(void)
     CHECK(lnorm_cuda_set_tuning("fast", 2) == LNORM_EINVAL, "fast 2 must be refused");
     CHECK(lnorm_cuda_set_tuning("defaults", 0) == LNORM_OK && variant_of(&s) != LNORM__FAST_NONE,
           "defaults: the fast path again");
+    /* The list's 32-bit count: a launch past 2^32 - 1 rows takes the
+     * general kernel (y far past x, as in seg). */
+    lnorm_segment u = seg(LNORM_OP_RMSNORM, LNORM_DTYPE_BF16, (int64_t)UINT32_MAX, 8, 0, 0, 0);
+    u.y = (void *)((uintptr_t)u.y + ((uintptr_t)1 << 44));
+    CHECK(variant_of(&u) != LNORM__FAST_NONE, "2^32 - 1 rows: the fast path");
+    u.rows = (int64_t)UINT32_MAX + 1;
+    CHECK(variant_of(&u) == LNORM__FAST_NONE, "2^32 rows: the general kernel (the rescue list's count)");
     lnorm_segment t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_BF16, 8, 1, 0, 0, 0);
     CHECK(variant_of(&t) != LNORM__FAST_NONE, "bf16 H=1 (2-byte y rows): the fast path");
     t = seg(LNORM_OP_LAYERNORM, LNORM_DTYPE_F32, 8, 1, 0, 0, 0);
